@@ -1,0 +1,68 @@
+"""Dependencies: the clients made once in the lifespan, and the caller's identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import httpx
+from fastapi import Depends, Request
+from temporalio.client import Client
+
+from api.errors import Forbidden, Unauthorized
+from backfill.config import Role, Settings
+from backfill.store import FileStore
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: never the key itself, only what it maps to."""
+
+    workspace: str
+    role: Role
+    key_name: str
+
+    def can_see(self, workspace: str | None) -> bool:
+        return self.role in ("platform_admin", "auditor") or workspace == self.workspace
+
+    def require_write(self) -> None:
+        if self.role == "auditor":
+            raise Forbidden("Auditor keys can read but not change anything.", code="read_only")
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def get_client(request: Request) -> Client:
+    return request.app.state.client  # type: ignore[no-any-return]
+
+
+def get_store(request: Request) -> FileStore:
+    return request.app.state.store  # type: ignore[no-any-return]
+
+
+def get_http(request: Request) -> httpx.AsyncClient:
+    return request.app.state.http  # type: ignore[no-any-return]
+
+
+def get_identity(
+    request: Request, settings: Annotated[Settings, Depends(get_settings)]
+) -> Identity:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+        )
+    key = settings.key_for(token.strip())
+    if key is None:
+        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    return Identity(workspace=key.workspace, role=key.role, key_name=key.name or key.sha256[:8])
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ClientDep = Annotated[Client, Depends(get_client)]
+StoreDep = Annotated[FileStore, Depends(get_store)]
+IdentityDep = Annotated[Identity, Depends(get_identity)]

@@ -1,0 +1,98 @@
+"""API errors, all in OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
+
+Raised by type anywhere in the api; mapped to responses in one place (`install`)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(APIError):
+    status = 400
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "invalid_request_error"
+
+
+class Forbidden(APIError):
+    status = 403
+    type = "permission_error"
+
+
+class NotFound(APIError):
+    status = 404
+
+
+class Conflict(APIError):
+    status = 409
+
+
+class PayloadTooLarge(APIError):
+    status = 413
+
+
+class Unavailable(APIError):
+    status = 503
+    type = "server_error"
+
+
+def _response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+        msg = first.get("msg", "Invalid request")
+        return _response(InvalidRequest(f"{param}: {msg}" if param else msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cls: type[APIError] = {404: NotFound, 405: InvalidRequest}.get(exc.status_code, APIError)
+        err = cls(str(exc.detail))
+        err.status = exc.status_code
+        return _response(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        err = APIError("The server had an error processing your request.")
+        err.status, err.type = 500, "server_error"
+        return _response(err)

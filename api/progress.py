@@ -1,0 +1,54 @@
+"""Why a batch's lines wait: per route, the scheduler's reason and queue place (extension)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client, WorkflowExecutionDescription
+
+from backfill.batches import Batch, RouteProgress
+from backfill.ids import scheduler_workflow_id
+from workflows.scheduler import RouteSchedulerWorkflow
+
+log = logging.getLogger(__name__)
+
+WORKERS_BUSY = "Gateway batch workers busy"
+
+
+async def add_route_reasons(
+    client: Client, batch: Batch, desc: WorkflowExecutionDescription
+) -> None:
+    """Fill reason/queue_position of routes whose lines are held back, from the schedulers."""
+    ext = batch.backfill
+    if ext.paused:
+        return
+    waiting = [p for p in ext.routes if p.state in ("queued", "running")]
+    if not waiting:
+        return
+    pending = desc.raw_description.pending_activities
+    scheduled_only = bool(pending) and all(
+        a.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED for a in pending
+    )
+    await asyncio.gather(*(_one(client, batch, p, scheduled_only) for p in waiting))
+
+
+async def _one(client: Client, batch: Batch, p: RouteProgress, scheduled_only: bool) -> None:
+    if p.allotment > 0 and p.running_lines > 0 and scheduled_only:
+        # Lines allotted and scheduled, but no worker has a free activity slot to start them.
+        p.reason = WORKERS_BUSY
+        batch.backfill.summary = "Queued — waiting for capacity"
+        return
+    try:
+        handle = client.get_workflow_handle_for(
+            RouteSchedulerWorkflow.run, scheduler_workflow_id(p.route)
+        )
+        status = await handle.query(RouteSchedulerWorkflow.status)
+    except Exception as err:  # a scheduler that is not up yet simply has no reason to give
+        log.debug("scheduler %s status unavailable: %s", p.route, err)
+        return
+    entry = next((b for b in status.batches if b.batch_id == batch.id), None)
+    if entry is not None and entry.reason is not None:
+        p.reason = entry.reason
+        p.queue_position = entry.queue_position

@@ -1,0 +1,133 @@
+"""The Batch object in OpenAI's shape, plus backfill's extension fields under `backfill`.
+
+Shared by the workflows (which build it), the activities and the api (which serve it). Plain
+pydantic models: safe to import inside the workflow sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+BatchStatus = Literal[
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
+
+ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+COMPLETION_WINDOWS: dict[str, int] = {"24h": 24, "48h": 48, "72h": 72, "168h": 168}
+"""Accepted completion windows and their length in hours."""
+
+
+class BatchError(BaseModel):
+    """One entry of OpenAI's `errors.data` list (why validation failed)."""
+
+    code: str
+    message: str
+    line: int | None = None
+    """1-based line number in the input file, where the error is about one line."""
+    param: str | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError] = Field(default_factory=list)
+
+
+class RequestCounts(BaseModel):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int = 0
+
+    def add(self, other: TokenCounts) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.total_tokens += other.total_tokens
+        self.input_tokens_details.cached_tokens += other.cached_tokens
+        self.output_tokens_details.reasoning_tokens += other.reasoning_tokens
+
+
+class TokenCounts(BaseModel):
+    """Token usage of one line, as reported by the upstream."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class RouteProgress(BaseModel):
+    """Per model/route state of a batch (extension field)."""
+
+    model: str
+    route: str
+    state: str
+    """`running`, `queued`, `paused`, `done`."""
+    reason: str | None = None
+    queue_position: int | None = None
+    running_lines: int = 0
+    allotment: int = 0
+    total_lines: int = 0
+    finished_lines: int = 0
+
+
+class BackfillExtension(BaseModel):
+    paused: bool = False
+    paused_by: str | None = None
+    summary: str | None = None
+    """"Queued — waiting for capacity" when lines are held back and none runs."""
+    routes: list[RouteProgress] = Field(default_factory=list)
+    workspace: str | None = None
+
+
+class Batch(BaseModel):
+    """OpenAI's Batch object; `backfill` holds our extension fields."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts = Field(default_factory=RequestCounts)
+    metadata: dict[str, str] | None = None
+    usage: Usage = Field(default_factory=Usage)
+    model: str | None = None
+    backfill: BackfillExtension = Field(default_factory=BackfillExtension)

@@ -1,0 +1,147 @@
+"""The `backfill` command (also `python -m backfill`).
+
+    backfill dev              dev server + simulator + worker + api (what `make run` runs)
+    backfill api              the HTTP api (uvicorn), settings from backfill.toml + env
+    backfill worker           the Temporal worker
+    backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim)
+    backfill hash-key KEY     the SHA-256 to put in backfill.toml's [[api_keys]]
+
+Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backfill.config import Settings
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging() -> None:
+    name = os.environ.get("BACKFILL_LOG_LEVEL", "INFO").strip().upper() or "INFO"
+    level = logging.getLevelNamesMapping().get(name)
+    logging.basicConfig(level=level if level is not None else logging.INFO, format=LOG_FORMAT)
+    if level is None or level > logging.DEBUG:
+        # httpx logs every request at INFO (each upstream call, each health poll): too chatty.
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    if level is None:
+        logging.getLogger("backfill").warning(
+            "BACKFILL_LOG_LEVEL=%r is not a log level; using INFO", name
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="backfill", description="OpenAI-compatible Batch API gateway on Temporal."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dev = sub.add_parser("dev", help="run the dev server, simulator, worker and api (make run)")
+    dev.add_argument("--temporal-port", type=int, default=7233)
+    dev.add_argument("--ui-port", type=int, default=8233)
+    dev.add_argument(
+        "--sim-port", type=int, default=8100, help="the dev route in backfill.toml uses 8100"
+    )
+    dev.add_argument(
+        "--api-port", type=int, default=None, help="default: api_port from the settings (8000)"
+    )
+    sub.add_parser("api", help="serve the HTTP api")
+    sub.add_parser("worker", help="run the Temporal worker")
+    sub.add_parser("sim", help="run the vLLM-like simulator (backfill sim --help)", add_help=False)
+    hk = sub.add_parser("hash-key", help="print the SHA-256 of an API key for backfill.toml")
+    hk.add_argument("key")
+    return parser
+
+
+def _load_settings() -> Settings | None:
+    from backfill.config import ConfigError, load_settings
+
+    try:
+        return load_settings()
+    except ConfigError as e:
+        print(f"backfill: {e}", file=sys.stderr)
+        return None
+
+
+def _missing(e: ModuleNotFoundError, module: str) -> bool:
+    return e.name is not None and (e.name == module or module.startswith(e.name + "."))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+
+    # The simulator parses its own arguments (argparse subparsers mangle option-first remainders).
+    if args_list and args_list[0] == "sim":
+        configure_logging()
+        try:
+            from backfill.sim import main as run_sim
+        except ModuleNotFoundError as e:
+            if not _missing(e, "backfill.sim"):
+                raise
+            print(f"backfill sim: the simulator is not available ({e})", file=sys.stderr)
+            return 1
+        try:
+            return run_sim(args_list[1:])
+        except KeyboardInterrupt:
+            return 130
+
+    args = _parser().parse_args(args_list)
+
+    if args.command == "hash-key":
+        from backfill.config import hash_key
+
+        print(hash_key(args.key))
+        return 0
+
+    configure_logging()
+    settings = _load_settings()
+    if settings is None:
+        return 2
+
+    if args.command == "dev":
+        from backfill import dev
+
+        return dev.run(
+            settings,
+            temporal_port=args.temporal_port,
+            ui_port=args.ui_port,
+            sim_port=args.sim_port,
+            api_port=args.api_port,
+        )
+
+    if args.command == "api":
+        try:
+            from api.main import run as run_api
+        except ModuleNotFoundError as e:
+            if not _missing(e, "api.main"):
+                raise
+            print(f"backfill api: the api is not available ({e})", file=sys.stderr)
+            return 1
+        try:
+            run_api(settings)
+        except KeyboardInterrupt:
+            return 130
+        return 0
+
+    if args.command == "worker":
+        try:
+            from worker.main import run as run_worker
+        except ModuleNotFoundError as e:
+            if not _missing(e, "worker.main"):
+                raise
+            print(f"backfill worker: the worker is not available ({e})", file=sys.stderr)
+            return 1
+        try:
+            run_worker(settings)
+        except KeyboardInterrupt:
+            return 130
+        return 0
+
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others

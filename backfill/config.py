@@ -1,0 +1,206 @@
+"""Typed configuration: process settings from the environment plus the TOML file.
+
+The TOML file (``backfill.toml`` unless ``BACKFILL_CONFIG`` names another) declares models and
+their routes, limits, the data directory and API keys (as SHA-256 hashes). Environment variables
+win over the file for the process settings (Temporal address, namespace, TLS, API key, ports), so
+one file can serve a laptop and a cluster. Unknown or invalid fields fail at start with a message
+naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+Role = Literal["member", "platform_admin", "auditor"]
+Provider = Literal["vllm", "openai"]
+
+
+class ConfigError(Exception):
+    """The configuration is unknown or invalid; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RouteConfig(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    """Route id: also the scheduler's identity and the management API's deployment id."""
+    provider: Provider = "vllm"
+    """`vllm` (or any OpenAI-compatible self-hosted server) or `openai` (a cloud route)."""
+    base_url: str = Field(pattern=r"^https?://")
+    """Upstream base URL including `/v1`, e.g. `http://127.0.0.1:8100/v1`."""
+    api_key_env: str | None = None
+    """Name of the environment variable that holds the upstream API key (the key never lives in
+    the file, in workflow histories or in logs)."""
+    weight: int = Field(default=1, ge=1, le=1000)
+    """Share of the model's lines routed here (weighted, deterministic per line)."""
+    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
+    """Initial "Batch lines at once" for the route's scheduler; after first start the durable
+    value lives in the scheduler workflow and is changed through its update."""
+
+
+class ModelConfig(_Strict):
+    id: str = Field(min_length=1, max_length=256)
+    """The model name clients put in `body.model`."""
+    routes: list[RouteConfig] = Field(min_length=1)
+
+
+class Limits(_Strict):
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    """Largest accepted upload (enforced while streaming)."""
+    max_lines_per_batch: int = Field(default=50_000, ge=1)
+    max_line_bytes: int = Field(default=1024 * 1024, ge=16)
+    """Largest accepted input line, in bytes, without its newline."""
+    max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest upstream response body kept; bigger ones fail the line with `response_too_large`."""
+    line_timeout_seconds: float = Field(default=600.0, gt=0)
+    """How long one upstream request may take."""
+    max_line_retries: int = Field(default=5, ge=0)
+    """How many times a line that met 429/503/connection refused goes back to the queue."""
+
+
+class ApiKeyConfig(_Strict):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex SHA-256 of the key; the key itself is never stored."""
+    workspace: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    role: Role = "member"
+    name: str = ""
+    """Human label (shown as `paused_by`, in logs); never the key."""
+
+
+class Settings(BaseSettings):
+    """Everything a process needs. Built once by `get_settings()`; tests build their own."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    data_dir: Path = Field(
+        default=Path("data"), validation_alias=AliasChoices("BACKFILL_DATA_DIR", "data_dir")
+    )
+    """Root of the file store (uploads, per-line results, outputs)."""
+    temporal_address: str = Field(
+        default="127.0.0.1:7233",
+        validation_alias=AliasChoices("TEMPORAL_ADDRESS", "temporal_address"),
+    )
+    temporal_namespace: str = Field(
+        default="default",
+        validation_alias=AliasChoices("TEMPORAL_NAMESPACE", "temporal_namespace"),
+    )
+    temporal_api_key: str | None = Field(
+        default=None,
+        repr=False,
+        validation_alias=AliasChoices("TEMPORAL_API_KEY", "temporal_api_key"),
+    )
+    """API key for Temporal Cloud or a secured cluster (env only in practice; never logged)."""
+    temporal_tls: bool = Field(
+        default=False, validation_alias=AliasChoices("TEMPORAL_TLS", "temporal_tls")
+    )
+    temporal_tls_cert: Path | None = Field(
+        default=None, validation_alias=AliasChoices("TEMPORAL_TLS_CERT", "temporal_tls_cert")
+    )
+    temporal_tls_key: Path | None = Field(
+        default=None, validation_alias=AliasChoices("TEMPORAL_TLS_KEY", "temporal_tls_key")
+    )
+    task_queue: str = Field(
+        default="backfill", validation_alias=AliasChoices("BACKFILL_TASK_QUEUE", "task_queue")
+    )
+    api_host: str = Field(
+        default="127.0.0.1", validation_alias=AliasChoices("BACKFILL_API_HOST", "api_host")
+    )
+    api_port: int = Field(
+        default=8000, validation_alias=AliasChoices("BACKFILL_API_PORT", "api_port")
+    )
+    worker_max_concurrent_activities: int = Field(
+        default=512,
+        ge=1,
+        validation_alias=AliasChoices(
+            "BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES", "worker_max_concurrent_activities"
+        ),
+    )
+    """Activity slots per worker: must cover the sum of route caps this worker serves."""
+    limits: Limits = Field(default_factory=Limits)
+    models: list[ModelConfig] = Field(default_factory=list)
+    api_keys: list[ApiKeyConfig] = Field(default_factory=list)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment wins over the file (which arrives as init kwargs).
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Settings:
+        seen_models: set[str] = set()
+        seen_routes: set[str] = set()
+        for m in self.models:
+            if m.id in seen_models:
+                raise ValueError(f"models: duplicate model id {m.id!r}")
+            seen_models.add(m.id)
+            for r in m.routes:
+                if r.id in seen_routes:
+                    raise ValueError(f"models.routes: duplicate route id {r.id!r}")
+                seen_routes.add(r.id)
+        return self
+
+    def model(self, model_id: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.id == model_id), None)
+
+    def route(self, route_id: str) -> RouteConfig | None:
+        for m in self.models:
+            for r in m.routes:
+                if r.id == route_id:
+                    return r
+        return None
+
+    def key_for(self, presented: str) -> ApiKeyConfig | None:
+        digest = hash_key(presented)
+        return next((k for k in self.api_keys if k.sha256 == digest), None)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("BACKFILL_CONFIG", "backfill.toml"))
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read the TOML file (if it exists) and the environment; raise ConfigError naming the field."""
+    path = path or config_path()
+    data: dict[str, object] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    elif "BACKFILL_CONFIG" in os.environ:
+        raise ConfigError(f"BACKFILL_CONFIG names {path}, which does not exist")
+    try:
+        return Settings(**data)  # type: ignore[arg-type]
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise ConfigError(f"{path}: invalid configuration: {problems}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, loaded once. Tests pass their own Settings instead."""
+    return load_settings()

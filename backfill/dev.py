@@ -1,0 +1,235 @@
+"""`backfill dev` (what `make run` runs): the whole system on one machine.
+
+Starts the Temporal dev server (SQLite under the data dir, so workflows survive restarts, with
+the search attributes registered), then the simulator, the worker and the api as child
+processes of this one, each in its own process group. Prints the URLs once the api answers
+/healthz. On SIGINT/SIGTERM stops the children in reverse order, then the dev server (SIGKILL
+after a grace period; a second signal skips the grace period) and exits 0. If a child exits on
+its own, stops the rest and exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from backfill.config import Settings
+from backfill.devserver import DevServer, DevServerError
+from backfill.procs import Child, backfill_argv, port_in_use
+
+log = logging.getLogger("backfill.dev")
+
+DEV_API_KEY = "sk-backfill-dev"
+"""The key whose hash backfill.toml lists (workspace `default`, role platform_admin)."""
+
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 10.0
+LOOPBACK = "127.0.0.1"
+
+
+class _Stoppable(Protocol):
+    def send_signal(self, sig: int) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int | None: ...
+
+    def kill(self) -> int | None: ...
+
+    def stop(self, timeout: float = 10.0) -> int | None: ...
+
+
+@dataclass
+class _Signals:
+    """SIGINT/SIGTERM set `stop`; a second one while stopping sets `force`."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    force: threading.Event = field(default_factory=threading.Event)
+    received: list[int] = field(default_factory=list)
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self.stop.is_set():
+            self.force.set()
+        self.stop.set()
+
+
+def _stop(name: str, proc: _Stoppable, signals: _Signals, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM, wait up to timeout (less if a second signal arrives), then SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while proc.wait(0.1) is None:
+        if signals.force.is_set() or time.monotonic() >= deadline:
+            log.warning("%s did not stop in time; killing it", name)
+            proc.kill()
+            break
+    status = proc.stop(0)  # reaps, sweeps the process group, closes the log
+    log.info("%s stopped (status %s)", name, status)
+
+
+def _healthz_ok(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=1.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _sim_model(settings: Settings, sim_port: int) -> str:
+    """The model id whose route points at the local simulator (the sim serves that name)."""
+    for model in settings.models:
+        for route in model.routes:
+            if (
+                f"127.0.0.1:{sim_port}" in route.base_url
+                or f"localhost:{sim_port}" in route.base_url
+            ):
+                return model.id
+    return "demo"
+
+
+def run(
+    settings: Settings,
+    *,
+    temporal_port: int = 7233,
+    ui_port: int = 8233,
+    sim_port: int = 8100,
+    api_port: int | None = None,
+    ready_timeout: float = READY_TIMEOUT,
+) -> int:
+    """Run everything until a signal (exit 0) or a child's unexpected exit (exit 1)."""
+    api_port = settings.api_port if api_port is None else api_port
+    api_host = settings.api_host
+    local_host = LOOPBACK if api_host in ("", "0.0.0.0", "::") else api_host
+    api_base = f"http://{local_host}:{api_port}"
+
+    busy = [
+        f"{what} {LOOPBACK}:{port}"
+        for what, port in (
+            ("Temporal", temporal_port),
+            ("Temporal UI", ui_port),
+            ("simulator", sim_port),
+            ("api", api_port),
+        )
+        if port_in_use(port, LOOPBACK)
+    ]
+    if busy:
+        print(
+            f"backfill dev: port(s) already in use: {', '.join(busy)} "
+            "(is another `make run` running?)",
+            file=sys.stderr,
+        )
+        return 1
+
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+
+    signals = _Signals()
+    previous = {sig: signal.signal(sig, signals.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = DevServer(
+        data_dir,
+        port=temporal_port,
+        ui_port=ui_port,
+        ip=LOOPBACK,
+        db_filename="temporal.db",
+        namespace=settings.temporal_namespace,
+    )
+    children: list[Child] = []
+    try:
+        log.info(
+            "starting the Temporal dev server (db %s, log %s)", server.db_path, server.log_path
+        )
+        server.start()
+        try:
+            server.wait_ready(ready_timeout, abort=signals.stop.is_set)
+        except DevServerError as e:
+            if signals.stop.is_set():
+                return 0
+            log.error("%s", e)
+            return 1
+        log.info("Temporal dev server ready at %s", server.address)
+
+        env: dict[str, str | None] = {
+            "TEMPORAL_ADDRESS": server.address,
+            "TEMPORAL_NAMESPACE": settings.temporal_namespace,
+            # The local dev server speaks plain gRPC without auth.
+            "TEMPORAL_TLS": None,
+            "TEMPORAL_TLS_CERT": None,
+            "TEMPORAL_TLS_KEY": None,
+            "TEMPORAL_API_KEY": None,
+            "BACKFILL_API_HOST": api_host,
+            "BACKFILL_API_PORT": str(api_port),
+            "PYTHONUNBUFFERED": "1",
+        }
+        sim_args = ["--host", LOOPBACK, "--port", str(sim_port)]
+        sim_args += ["--model", _sim_model(settings, sim_port)]
+        for name, argv in (
+            ("simulator", backfill_argv("sim", *sim_args)),
+            ("worker", backfill_argv("worker")),
+            ("api", backfill_argv("api")),
+        ):
+            child = Child(name)
+            child.start(argv, env=env)
+            children.append(child)
+            log.info("started %s (pid %s)", name, child.pid)
+
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if signals.stop.is_set():
+                return 0
+            dead = _first_dead(children, server)
+            if dead is not None:
+                log.error("%s exited with status %s during startup; stopping", *dead)
+                return 1
+            if _healthz_ok(f"{api_base}/healthz"):
+                break
+            if time.monotonic() >= deadline:
+                log.error("the api did not answer %s/healthz within %.0fs", api_base, ready_timeout)
+                return 1
+            signals.stop.wait(0.25)
+
+        print(
+            "\nbackfill is running:\n"
+            f"  API            {api_base}/v1\n"
+            f"  API key        {DEV_API_KEY}\n"
+            f"  Temporal UI    http://{LOOPBACK}:{ui_port}\n"
+            f"  Temporal       {server.address} (namespace {settings.temporal_namespace})\n"
+            f"  simulator      http://{LOOPBACK}:{sim_port}\n"
+            f"  metrics        {api_base}/metrics\n"
+            f"  data           {data_dir}/ (Temporal log: {server.log_path})\n"
+            "Press Ctrl-C to stop.\n",
+            flush=True,
+        )
+
+        while not signals.stop.wait(0.5):
+            dead = _first_dead(children, server)
+            if dead is not None:
+                log.error("%s exited unexpectedly with status %s; stopping everything", *dead)
+                return 1
+        return 0
+    finally:
+        if signals.received:
+            log.info("received %s; shutting down", signal.Signals(signals.received[0]).name)
+        for child in reversed(children):
+            if child.started:
+                _stop(child.name, child, signals)
+        if server.pid is not None:
+            _stop("Temporal dev server", server, signals)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _first_dead(children: list[Child], server: DevServer) -> tuple[str, int] | None:
+    for child in children:
+        rc = child.returncode
+        if rc is not None:
+            return child.name, rc
+    rc = server.returncode
+    if rc is not None:
+        return "the Temporal dev server", rc
+    return None

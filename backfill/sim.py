@@ -1,0 +1,773 @@
+"""vLLM-like OpenAI-compatible model server simulator: the demo, test and benchmark upstream.
+
+``create_app(config)`` returns a lean raw-ASGI app (no framework in the hot path) that serves
+``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` with deterministic bodies,
+models a vLLM engine's capacity (``max_num_seqs`` running, the rest waiting FCFS or by priority),
+exports vLLM's scheduler gauges on ``/metrics`` and offers test hooks under ``/sim/*``
+(fault injection, traffic statistics). ``SimServer`` runs it on loopback inside the current event
+loop; ``main()`` is the ``backfill sim`` command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import base64
+import contextlib
+import heapq
+import itertools
+import json
+import random
+import signal
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import uvicorn
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from backfill.sim_faults import FaultAction, FaultInjector, SimFault
+
+BATCH_HEADER = "X-Backfill-Batch"
+_BATCH_KEY = BATCH_HEADER.lower().encode()
+_CHAT, _COMPLETIONS, _EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+_REQUIRED = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input"}
+_REPLY_WORDS = 16  # default reply length (words == tokens here) unless max_tokens is lower
+_ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
+Header = tuple[bytes, bytes]
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    408: "TimeoutError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{{labels}}} {running}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{{labels}}} {waiting}
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{{labels}}} {kv}
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{{labels},finished_reason="stop"}} {stop}
+vllm:request_success_total{{{labels},finished_reason="length"}} {length}
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{{labels}}} {prompt}
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{{labels}}} {generation}
+"""
+_FAULTS_BODY: TypeAdapter[SimFault | list[SimFault]] = TypeAdapter(SimFault | list[SimFault])
+
+
+class SimConfig(BaseModel):
+    model_names: list[str] = Field(default_factory=lambda: ["demo"])  # [] = accept any model
+    max_num_seqs: int = Field(default=64, ge=1)
+    latency_ms: float = Field(default=20.0, ge=0)
+    latency_per_running_ms: float = Field(default=0.0, ge=0)  # x other running requests
+    kv_usage_per_request: float | None = Field(default=None, gt=0, le=1)  # None: 1/max_num_seqs
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    seed: int = 0
+    embedding_dim: int = Field(default=16, ge=1, le=8192)
+    faults: list[SimFault] = Field(default_factory=list)
+
+    @property
+    def metrics_model_name(self) -> str:
+        return self.model_names[0] if self.model_names else "demo"
+
+
+class Scheduler:
+    """At most ``max_num_seqs`` running; the rest wait in a heap of (priority, arrival)."""
+
+    def __init__(self, max_num_seqs: int, use_priority: bool) -> None:
+        self.max_num_seqs, self.use_priority = max_num_seqs, use_priority
+        self.running = self.waiting = self.peak_running = self.peak_waiting = 0
+        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def try_acquire(self) -> bool:
+        if self.running >= self.max_num_seqs or self.waiting:
+            return False
+        self.running += 1
+        self.peak_running = max(self.peak_running, self.running)
+        return True
+
+    async def acquire(self, priority: int = 0) -> None:
+        if self.try_acquire():
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (priority if self.use_priority else 0, next(self._seq), fut))
+        self.waiting += 1
+        self.peak_waiting = max(self.peak_waiting, self.waiting)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.cancelled():  # still queued: its heap entry is skipped lazily
+                self.waiting -= 1
+            else:  # granted a slot in the same tick as the cancellation
+                self.release()
+            raise
+
+    def release(self) -> None:
+        self.running -= 1
+        while self._heap and self.running < self.max_num_seqs:
+            fut = heapq.heappop(self._heap)[2]
+            if fut.done():
+                continue
+            self.waiting -= 1
+            self.running += 1
+            self.peak_running = max(self.peak_running, self.running)
+            fut.set_result(None)
+
+
+@dataclass(slots=True)
+class _Traffic:
+    requests_total: int = 0
+    concurrent: int = 0
+    peak_concurrent: int = 0
+
+    def begin(self) -> None:
+        self.requests_total += 1
+        self.concurrent += 1
+        self.peak_concurrent = max(self.peak_concurrent, self.concurrent)
+
+    def reset(self) -> None:
+        self.requests_total, self.peak_concurrent = 0, self.concurrent
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests_total": self.requests_total,
+            "concurrent": self.concurrent,
+            "peak_concurrent": self.peak_concurrent,
+        }
+
+
+@dataclass
+class SimStats:
+    """HTTP-level traffic of the inference endpoints (arrival until the response is sent)."""
+
+    all: _Traffic = field(default_factory=_Traffic)
+    batch: _Traffic = field(default_factory=_Traffic)
+    live: _Traffic = field(default_factory=_Traffic)
+    by_status: Counter[int] = field(default_factory=Counter)
+    by_batch: Counter[str] = field(default_factory=Counter)
+    priorities: Counter[int] = field(default_factory=Counter)
+    # monotonic, for /metrics (never reset)
+    success_by_reason: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+    def begin(self, batch: bytes | None) -> None:
+        self.all.begin()
+        if batch is None:
+            self.live.begin()
+        else:
+            self.batch.begin()
+            self.by_batch[batch.decode("latin-1")] += 1
+
+    def end(self, batch: bytes | None, status: int) -> None:
+        self.all.concurrent -= 1
+        (self.live if batch is None else self.batch).concurrent -= 1
+        self.by_status[status] += 1
+
+    def reset(self, sched: Scheduler) -> None:
+        for t in (self.all, self.batch, self.live):
+            t.reset()
+        self.by_status.clear()
+        self.by_batch.clear()
+        self.priorities.clear()
+        sched.peak_running, sched.peak_waiting = sched.running, sched.waiting
+
+
+class _BadRequest(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Req:
+    kind: str
+    model: str
+    texts: list[str]  # chat: message contents; completions: prompts; embeddings: inputs
+    priority: int
+    n: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    raw: dict[str, Any]
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """str | list[str] | list[int] | list[list[int]] -> texts (token ids become number words)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return list(value)
+        if all(isinstance(v, int) for v in value):
+            return [" ".join(map(str, value))]
+        if all(isinstance(v, list) and all(isinstance(i, int) for i in v) for v in value):
+            return [" ".join(map(str, v)) for v in value]
+    raise _BadRequest(f"'{name}' must be a string, a list of strings or a list of token ids")
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # content parts
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _opt_int(raw: dict[str, Any], name: str, default: int | None, lo: int = 1) -> int | None:
+    v = raw.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise _BadRequest(f"'{name}' must be an integer >= {lo}")
+    return v
+
+
+def _parse(kind: str, body: bytes) -> _Req:
+    try:
+        raw = json.loads(body)
+    except ValueError as e:
+        raise _BadRequest(f"Invalid JSON in request body: {e}") from None
+    if not isinstance(raw, dict):
+        raise _BadRequest("Request body must be a JSON object")
+    model, required = raw.get("model"), _REQUIRED[kind]
+    if not isinstance(model, str) or not model:
+        raise _BadRequest("Field required: 'model'")
+    if raw.get(required) is None:
+        raise _BadRequest(f"Field required: '{required}'")
+    if kind == _CHAT:
+        msgs = raw["messages"]
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise _BadRequest("'messages' must be a non-empty list of message objects")
+        texts = [_content(m) for m in msgs]
+    else:
+        texts = _texts(raw[required], required)
+    priority = _opt_int(raw, "priority", 0, lo=-(2**63))
+    max_tokens = _opt_int(raw, "max_completion_tokens", None) or _opt_int(raw, "max_tokens", None)
+    opts = raw.get("stream_options")
+    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+    n = _opt_int(raw, "n", 1)
+    return _Req(
+        kind=kind,
+        model=model,
+        texts=texts,
+        priority=priority or 0,
+        n=min(n or 1, 128),
+        max_tokens=max_tokens,
+        stream=bool(raw.get("stream")),
+        include_usage=include_usage,
+        raw=raw,
+    )
+
+
+def _reply(prefix: str, text: str, limit: int | None) -> tuple[list[str], str]:
+    words = [prefix, *text.split()][:_REPLY_WORDS]
+    if limit is not None and limit < len(words):
+        return words[:limit], "length"
+    return words, "stop"
+
+
+def _embedding(text: str, dim: int, seed: int) -> list[float]:
+    rnd = random.Random(f"{seed}:{text}")
+    vec = [rnd.uniform(-1.0, 1.0) for _ in range(dim)]
+    norm = sum(v * v for v in vec) ** 0.5 or 1.0
+    return [v / norm for v in vec]
+
+
+def _error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "APIError"),
+            "param": param,
+            "code": status,
+        }
+    }
+
+
+async def _send_body(
+    send: Send, status: int, body: bytes, ctype: bytes, headers: Sequence[Header] = ()
+) -> int:
+    hdrs = [(b"content-type", ctype), (b"content-length", b"%d" % len(body)), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+async def _send_json(send: Send, status: int, obj: Any, headers: Sequence[Header] = ()) -> int:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return await _send_body(send, status, body, b"application/json", headers)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b""
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_disconnect(
+    work_coro: Awaitable[None], receive: Receive, on_orphan: Callable[[], None] | None = None
+) -> bool:
+    """Run ``work_coro`` unless the client goes away first (like vLLM aborting the request)."""
+    work = asyncio.ensure_future(work_coro)
+    watch = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        watch.cancel()
+        if work.done() and not work.cancelled() and work.exception() is None and on_orphan:
+            on_orphan()
+        work.cancel()
+        raise
+    watch.cancel()
+    if work in done:
+        work.result()
+        return True
+    work.cancel()
+    return False
+
+
+class SimApp:
+    """The raw ASGI application. ``scheduler``, ``stats`` and ``faults`` are live state."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config.max_num_seqs, config.scheduling_policy == "priority")
+        self.stats = SimStats()
+        self.faults = FaultInjector(config.faults, seed=config.seed)
+        self._models = frozenset(config.model_names)
+        self._created = int(time.time())
+        self._kv_per_request = config.kv_usage_per_request or 1.0 / config.max_num_seqs
+        self._routes: dict[tuple[str, str], Callable[[Receive, Send], Awaitable[int]]] = {
+            ("GET", "/health"): lambda r, s: _send_json(s, 200, {}),
+            ("GET", "/v1/models"): self._models_list,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/sim/stats"): lambda r, s: _send_json(s, 200, self.stats_dict()),
+            ("POST", "/sim/stats/reset"): self._reset_stats,
+            ("GET", "/sim/faults"): lambda r, s: _send_json(s, 200, self._faults_dict()),
+            ("POST", "/sim/faults"): self._add_faults,
+            ("DELETE", "/sim/faults"): self._clear_faults,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path, method = scope["path"], scope["method"]
+            if path in _REQUIRED and method == "POST":
+                await self._inference(path, scope, receive, send)
+            elif (route := self._routes.get((method, path))) is not None:
+                await route(receive, send)
+            else:
+                known = path in _REQUIRED or any(p == path for _, p in self._routes)
+                await _send_json(send, 405 if known else 404, {"detail": "Not Found"})
+        elif scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    def processing_delay_s(self, running: int) -> float:
+        """Service time of a request starting with ``running`` requests running (incl. itself)."""
+        c = self.config
+        return (c.latency_ms + c.latency_per_running_ms * max(running - 1, 0)) / 1000.0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return min(1.0, self.scheduler.running * self._kv_per_request)
+
+    async def _inference(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        batch = headers.get(_BATCH_KEY)
+        rid = headers.get(b"x-request-id")
+        request_id = rid.decode("latin-1") if rid else uuid.uuid4().hex
+        self.stats.begin(batch)
+        status = _ABORTED
+        try:
+            status = await self._serve(path, headers, request_id, receive, send)
+        finally:
+            self.stats.end(batch, status)
+
+    async def _serve(
+        self, path: str, headers: dict[bytes, bytes], rid: str, receive: Receive, send: Send
+    ) -> int:
+        hdrs = [(b"x-request-id", rid.encode("latin-1"))]
+        try:
+            req = _parse(path, await _read_body(receive))
+        except _BadRequest as e:
+            return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
+        if self._models and req.model not in self._models:
+            msg = f"The model `{req.model}` does not exist."
+            return await _send_json(send, 404, _error_body(404, msg, "model"), hdrs)
+        self.stats.priorities[req.priority] += 1
+        action = self.faults.pick(path, headers)
+        if action is not None and (action.drop or action.status is not None):
+            return await self._fail(action, hdrs, receive, send)
+        fault_delay = action.delay_s if action else 0.0
+        sched = self.scheduler
+        if fault_delay > 0 or self.processing_delay_s(sched.running + 1) > 0:
+            admit = self._admit(req.priority, fault_delay)
+            if not await _until_disconnect(admit, receive, on_orphan=sched.release):
+                return _ABORTED
+        elif not sched.try_acquire():
+            if not await _until_disconnect(sched.acquire(req.priority), receive, sched.release):
+                return _ABORTED
+        try:
+            return await self._respond(req, hdrs, send)
+        finally:
+            sched.release()
+
+    async def _fail(
+        self, action: FaultAction, hdrs: list[Header], receive: Receive, send: Send
+    ) -> int:
+        """An injected failure: optional delay (no running slot used), then drop or error."""
+        if action.delay_s > 0:
+            if not await _until_disconnect(asyncio.sleep(action.delay_s), receive):
+                return _ABORTED
+        if action.drop:
+            await self._drop(receive, send)
+            return _DROPPED
+        status = action.status or 500
+        if action.retry_after is not None:
+            hdrs.append((b"retry-after", b"%g" % action.retry_after))
+        body = _error_body(status, action.message or "Simulated fault")
+        return await _send_json(send, status, body, hdrs)
+
+    async def _admit(self, priority: int, fault_delay: float) -> None:
+        """Extra (fault) delay, then a running slot, then the service time; returns holding it."""
+        if fault_delay > 0:
+            await asyncio.sleep(fault_delay)
+        await self.scheduler.acquire(priority)
+        try:
+            delay = self.processing_delay_s(self.scheduler.running)
+            if delay > 0:
+                await asyncio.sleep(delay)
+        except BaseException:
+            self.scheduler.release()
+            raise
+
+    async def _drop(self, receive: Receive, send: Send) -> None:
+        """Close the connection without a response (uvicorn's cycle exposes its transport)."""
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if not isinstance(transport, asyncio.BaseTransport):
+            raise ConnectionAbortedError("simulated connection drop")
+        transport.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_wait_disconnect(receive), 2.0)
+
+    async def _respond(self, req: _Req, hdrs: list[Header], send: Send) -> int:
+        st, n = self.stats, req.n
+        prompt_tokens = max(1, sum(len(t.split()) for t in req.texts))
+        st.prompt_tokens += prompt_tokens
+        if req.kind == _EMBEDDINGS:
+            st.success_by_reason["stop"] += 1
+            return await _send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
+        chat = req.kind == _CHAT
+        prompts = req.texts[-1:] if chat else req.texts
+        replies = [_reply("Simulated", p, req.max_tokens) for p in prompts]
+        completion_tokens = n * sum(len(w) for w, _ in replies)
+        st.generation_tokens += completion_tokens
+        st.success_by_reason[replies[0][1]] += 1
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": req.model,
+        }
+        if req.stream:
+            return await self._stream(req, head, replies, usage, hdrs, send)
+        choices = []
+        for i, (words, reason) in enumerate(r for r in replies for _ in range(n)):
+            text = " ".join(words)
+            body: dict[str, Any] = (
+                {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            )
+            choices.append({"index": i, **body, "finish_reason": reason, "logprobs": None})
+        return await _send_json(send, 200, {**head, "choices": choices, "usage": usage}, hdrs)
+
+    def _embeddings(self, req: _Req, prompt_tokens: int) -> dict[str, Any]:
+        dim = _opt_int(req.raw, "dimensions", self.config.embedding_dim) or 1
+        b64 = req.raw.get("encoding_format") == "base64"
+        data = []
+        for i, text in enumerate(req.texts):
+            vec: Any = _embedding(text, dim, self.config.seed)
+            if b64:  # the openai SDK's default: raw float32 (native order)
+                vec = base64.b64encode(array.array("f", vec).tobytes()).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return {"object": "list", "data": data, "model": req.model, "usage": usage}
+
+    async def _stream(
+        self,
+        req: _Req,
+        head: dict[str, Any],
+        replies: list[tuple[list[str], str]],
+        usage: dict[str, int],
+        hdrs: list[Header],
+        send: Send,
+    ) -> int:
+        chat = req.kind == _CHAT
+        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+        start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *hdrs]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+
+        def chunk(index: int, piece: str | None, reason: str | None = None) -> dict[str, Any]:
+            if chat:
+                delta = {} if piece is None else {"content": piece}
+                if piece == "":
+                    delta["role"] = "assistant"
+                c: dict[str, Any] = {"index": index, "delta": delta}
+            else:
+                c = {"index": index, "text": piece or ""}
+            return {**head, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
+
+        def events() -> Iterator[dict[str, Any]]:
+            for i, (words, reason) in enumerate(r for r in replies for _ in range(req.n)):
+                if chat:
+                    yield chunk(i, "")
+                for j, word in enumerate(words):
+                    yield chunk(i, word if j == 0 else " " + word)
+                yield chunk(i, None, reason)
+            if req.include_usage:
+                yield {**head, "choices": [], "usage": usage}
+
+        for event in events():
+            data = b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        return 200
+
+    def stats_dict(self) -> dict[str, Any]:
+        st, sched = self.stats, self.scheduler
+        return {
+            "requests_total": st.all.requests_total,
+            "responses_by_status": {str(k): v for k, v in st.by_status.items() if k > 0},
+            "dropped": st.by_status[_DROPPED],
+            "aborted": st.by_status[_ABORTED],
+            "running": sched.running,
+            "waiting": sched.waiting,
+            "peak_running": sched.peak_running,
+            "peak_waiting": sched.peak_waiting,
+            "concurrent": st.all.concurrent,
+            "peak_concurrent": st.all.peak_concurrent,
+            "kv_cache_usage": self.kv_cache_usage,
+            "batch": {**st.batch.as_dict(), "by_batch": dict(st.by_batch)},
+            "live": st.live.as_dict(),
+            "priorities_seen": {str(k): v for k, v in st.priorities.items()},
+            "faults_active": len(self.faults),
+        }
+
+    def metrics_text(self) -> str:
+        name = self.config.metrics_model_name
+        name = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        st, sched = self.stats, self.scheduler
+        return _METRICS.format(
+            labels=f'engine="0",model_name="{name}"',
+            running=float(sched.running),
+            waiting=float(sched.waiting),
+            kv=float(self.kv_cache_usage),
+            stop=float(st.success_by_reason["stop"]),
+            length=float(st.success_by_reason["length"]),
+            prompt=float(st.prompt_tokens),
+            generation=float(st.generation_tokens),
+        )
+
+    async def _metrics(self, receive: Receive, send: Send) -> int:
+        ctype = b"text/plain; version=0.0.4; charset=utf-8"
+        return await _send_body(send, 200, self.metrics_text().encode(), ctype)
+
+    async def _models_list(self, receive: Receive, send: Send) -> int:
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "vllm",
+                "root": m,
+                "parent": None,
+                "max_model_len": 8192,
+            }
+            for m in self.config.model_names or [self.config.metrics_model_name]
+        ]
+        return await _send_json(send, 200, {"object": "list", "data": data})
+
+    def _faults_dict(self) -> dict[str, Any]:
+        return {"faults": self.faults.describe()}
+
+    async def _add_faults(self, receive: Receive, send: Send) -> int:
+        try:
+            parsed = _FAULTS_BODY.validate_json(await _read_body(receive))
+        except ValidationError as e:
+            msg = f"Invalid fault: {e.errors(include_url=False)}"
+            return await _send_json(send, 400, _error_body(400, msg))
+        self.faults.add(parsed if isinstance(parsed, list) else [parsed])
+        return await _send_json(send, 200, self._faults_dict())
+
+    async def _clear_faults(self, receive: Receive, send: Send) -> int:
+        self.faults.clear()
+        return await _send_json(send, 200, self._faults_dict())
+
+    async def _reset_stats(self, receive: Receive, send: Send) -> int:
+        self.stats.reset(self.scheduler)
+        return await _send_json(send, 200, self.stats_dict())
+
+
+def create_app(config: SimConfig | None = None) -> SimApp:
+    """A fresh simulator (own scheduler, stats, faults); runs under uvicorn or ASGITransport."""
+    return SimApp(config or SimConfig())
+
+
+class _InProcessServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # leave the host process's signals alone
+        yield
+
+
+class SimServer:
+    """Run the simulator on loopback in the current event loop (for tests and benchmarks)."""
+
+    def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0):
+        self.config = config or SimConfig()
+        self.app = create_app(self.config)
+        self.host, self.port = host, port
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    async def start(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: NODELAY
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        cfg = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = server = _InProcessServer(cfg)
+        self._task = task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                sock.close()
+                task.result()
+                raise RuntimeError("simulator server exited during startup")
+            await asyncio.sleep(0.002)
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+        except TimeoutError:
+            self._server.force_exit = True
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._server = self._task = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def _serve_until_signal(server: uvicorn.Server) -> None:
+    """SIGINT/SIGTERM stop the server gracefully (a second SIGINT forces); main then returns 0."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.handle_exit, sig, None)
+    await server.serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="backfill sim", description="vLLM-like model server simulator")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--model", action="append", dest="models", help="served model name (repeat)")
+    p.add_argument("--any-model", action="store_true", help="accept any model name")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--latency-per-running-ms", type=float, default=0.0)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    config = SimConfig(
+        model_names=[] if args.any_model else (args.models or ["demo"]),
+        max_num_seqs=args.max_num_seqs,
+        latency_ms=args.latency_ms,
+        latency_per_running_ms=args.latency_per_running_ms,
+        scheduling_policy=args.scheduling_policy,
+        seed=args.seed,
+    )
+    cfg = uvicorn.Config(
+        create_app(config),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    asyncio.run(_serve_until_signal(_InProcessServer(cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

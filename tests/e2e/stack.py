@@ -1,0 +1,155 @@
+"""The real stack for e2e tests: the session's dev server, the simulator, and the worker and api
+as separate processes (`python -m backfill worker|api`), each test with its own task queue,
+routes, data directory and ports."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from backfill.config import hash_key
+from backfill.procs import Child, backfill_argv, free_port
+from backfill.sim import SimConfig, SimServer
+
+API_KEY = "sk-test-alpha"
+KEYS = {
+    "sk-test-alpha": ("alpha", "member"),
+    "sk-test-beta": ("beta", "member"),
+    "sk-test-gamma": ("gamma", "member"),
+    "sk-test-admin": ("ops", "platform_admin"),
+}
+
+
+class Stack:
+    def __init__(
+        self,
+        tmp: Path,
+        temporal_address: str,
+        *,
+        cap: int = 4,
+        sim: SimConfig | None = None,
+        extra_routes: int = 0,
+        limits: dict[str, Any] | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.temporal_address = temporal_address
+        self.cap = cap
+        self.sim = SimServer(sim or SimConfig(model_names=[], latency_ms=5))
+        self.suffix = secrets.token_hex(4)
+        self.route_id = f"sim-{self.suffix}"
+        self.routes = [self.route_id] + [f"sim{i}-{self.suffix}" for i in range(extra_routes)]
+        self.task_queue = f"tq-{self.suffix}"
+        self.api_port = free_port()
+        self.limits = limits or {}
+        self.workers: list[Child] = []
+        self.api = Child("api")
+        self.config_path = tmp / "backfill.toml"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def env(self) -> dict[str, str | None]:
+        return {
+            "BACKFILL_CONFIG": str(self.config_path),
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "BACKFILL_TASK_QUEUE": self.task_queue,
+            "BACKFILL_API_PORT": str(self.api_port),
+            "BACKFILL_DATA_DIR": str(self.tmp / "data"),
+            "BACKFILL_LOG_LEVEL": "WARNING",
+        }
+
+    def _write_config(self) -> None:
+        lines = ["[limits]"] + [f"{k} = {v!r}" for k, v in self.limits.items()]
+        lines += ['[[models]]', 'id = "demo"']
+        for route in self.routes:
+            lines += [
+                "[[models.routes]]",
+                f'id = "{route}"',
+                f'base_url = "{self.sim.base_url}"',
+                f"max_concurrent_lines = {self.cap}",
+            ]
+        for key, (ws, role) in KEYS.items():
+            lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"', f'workspace = "{ws}"']
+            lines += [f'role = "{role}"', f'name = "{ws}-key"']
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    async def start(self, workers: int = 1) -> Stack:
+        await self.sim.start()
+        self._write_config()
+        for _ in range(workers):
+            self.start_worker()
+        self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
+        await self.wait_healthy()
+        return self
+
+    def start_worker(self) -> Child:
+        child = Child(f"worker{len(self.workers)}")
+        child.start(backfill_argv("worker"), self.env(), self.tmp / f"{child.name}.log")
+        self.workers.append(child)
+        return child
+
+    async def wait_healthy(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient() as http:
+            while time.monotonic() < deadline:
+                if not self.api.running:
+                    raise RuntimeError(f"api exited: {self._log('api')}")
+                try:
+                    if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.2)
+        raise TimeoutError("api never became healthy")
+
+    def _log(self, name: str) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+    def client(self, key: str = API_KEY) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(api_key=key, base_url=f"{self.api_url}/v1", max_retries=0)
+
+    async def stop(self) -> None:
+        for child in [self.api, *self.workers]:
+            await asyncio.to_thread(child.stop)
+        await self.sim.stop()
+
+
+def jsonl(n: int, *, prefix: str = "req", model: str = "demo", **body: Any) -> bytes:
+    import json
+
+    out = []
+    for i in range(n):
+        out.append(
+            json.dumps(
+                {
+                    "custom_id": f"{prefix}-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": model,
+                        "messages": [{"role": "user", "content": f"hello {i}"}],
+                        **body,
+                    },
+                }
+            )
+        )
+    return ("\n".join(out) + "\n").encode()
+
+
+async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 300) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = await client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch_id} still {batch.status}: {batch}")
+        await asyncio.sleep(0.25)

@@ -1,0 +1,57 @@
+"""The whole path with the official openai SDK: upload, create, watch, download."""
+
+from __future__ import annotations
+
+import json
+
+from openai.types import Batch as SDKBatch
+from openai.types.chat import ChatCompletion
+
+from tests.e2e.stack import Stack, jsonl, wait_terminal
+
+
+async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
+    client = stack.client()
+    n = 1000
+    f = await client.files.create(file=("in.jsonl", jsonl(n)), purpose="batch")
+    assert f.purpose == "batch" and f.bytes > 0
+    batch = await client.batches.create(
+        input_file_id=f.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "e2e"},
+    )
+    assert batch.status == "validating"
+    seen_progress = set()
+    import asyncio
+
+    while True:
+        b = await client.batches.retrieve(batch.id)
+        assert isinstance(b, SDKBatch)
+        if b.request_counts:
+            seen_progress.add(b.request_counts.completed)
+        if b.status in ("completed", "failed", "expired", "cancelled"):
+            break
+        await asyncio.sleep(0.2)
+    assert b.status == "completed", b
+    assert b.request_counts and b.request_counts.total == n
+    assert b.request_counts.completed == n and b.request_counts.failed == 0
+    # request_counts moved while it ran, not only at the end
+    assert any(0 < c < n for c in seen_progress), seen_progress
+    assert b.usage and b.usage.total_tokens > 0
+    for field in ("created_at", "in_progress_at", "finalizing_at", "completed_at", "expires_at"):
+        assert getattr(b, field), field
+    assert b.expires_at == b.created_at + 24 * 3600
+    assert b.metadata == {"job": "e2e"}
+    out = (await client.files.content(b.output_file_id)).text
+    ids = []
+    for line in out.splitlines():
+        rec = json.loads(line)
+        ids.append(rec["custom_id"])
+        assert rec["response"]["status_code"] == 200
+        ChatCompletion.model_validate(rec["response"]["body"])
+        assert rec["id"].startswith("batch_req_")
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(n))
+    assert b.error_file_id is None
+    stats = stack.sim  # the simulator saw only batch traffic, never above the cap
+    assert stats is not None

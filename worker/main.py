@@ -1,0 +1,70 @@
+"""The worker: runs BatchWorkflow, RouteSchedulerWorkflow and their activities."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import httpx
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.control import ControlActivities
+from activities.lines import LineActivities
+from backfill.config import Settings
+from backfill.store import FileStore
+from backfill.temporal_client import connect
+from workflows.batch import BatchWorkflow
+from workflows.scheduler import RouteSchedulerWorkflow
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    client: Client, settings: Settings, *, task_queue: str | None = None
+) -> AsyncIterator[Worker]:
+    """A started worker with its clients; stops it (and closes them) on exit."""
+    store = FileStore(settings.data_dir)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as http:
+        lines = LineActivities(settings, store, http)
+        control = ControlActivities(settings, client)
+        worker = Worker(
+            client,
+            task_queue=task_queue or settings.task_queue,
+            workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+            activities=[
+                lines.validate_input,
+                lines.run_line,
+                lines.finalize_batch,
+                control.report_demand,
+                control.find_closed_batches,
+            ],
+            max_concurrent_activities=settings.worker_max_concurrent_activities,
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+        )
+        async with worker:
+            yield worker
+
+
+async def serve(settings: Settings) -> None:
+    client = await connect(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_worker(client, settings):
+        log.info(
+            "worker polling task queue %r at %s", settings.task_queue, settings.temporal_address
+        )
+        await stop.wait()
+        log.info("worker stopping")
+
+
+def run(settings: Settings) -> None:
+    asyncio.run(serve(settings))

@@ -1,0 +1,427 @@
+"""BatchWorkflow: one OpenAI batch, from validation to its output files (workflow id = batch id).
+
+Orchestration only: the per-route bookkeeping (what may start, what to tell the scheduler) lives in
+`workflows.lanes`, pure and unit-tested; every piece of I/O is an activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.control import ControlActivities
+    from activities.lines import LineActivities
+    from backfill import search_attributes as sa
+    from backfill.batches import (
+        COMPLETION_WINDOWS,
+        BackfillExtension,
+        Batch,
+        BatchErrors,
+        RequestCounts,
+        RouteProgress,
+        Usage,
+    )
+    from workflows.lanes import Lane, demand_to_report
+    from workflows.messages import (
+        Ack,
+        Allotment,
+        DemandInput,
+        EndReason,
+        FinalizeInput,
+        LineInput,
+        LineOutcome,
+        PauseRequest,
+        ValidateInput,
+    )
+    from workflows.scheduler import RouteSchedulerWorkflow
+
+NO_RETRY = RetryPolicy(maximum_attempts=1)
+LINE_HEARTBEAT = timedelta(seconds=10)
+MAX_LOST_ATTEMPTS = 5
+LINES_PER_RUN = 2_000
+"""Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
+
+
+class BatchInput(BaseModel):
+    batch_id: str
+    workspace: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    created_at: int
+    metadata: dict[str, str] | None = None
+    allowed_models: list[str] | None = None
+    line_timeout_seconds: float = 600.0
+    max_line_retries: int = 5
+    state: BatchState | None = None
+    """Carried across continue-as-new; None on the first run."""
+
+
+class BatchState(BaseModel):
+    batch: Batch
+    lanes: list[Lane] = Field(default_factory=list)
+    cancel_requested_by: str | None = None
+
+
+@workflow.defn
+class BatchWorkflow:
+    @workflow.init
+    def __init__(self, input: BatchInput) -> None:
+        self._input: BatchInput | None = input
+        self._s: BatchState | None = input.state or BatchState(batch=self.initial_batch(input))
+        self._dirty = False
+        self._lines_this_run = 0
+        self._draining = False
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # ---- run ----
+    @workflow.run
+    async def run(self, input: BatchInput) -> Batch:
+        if input.state is None:
+            await self._validate(input)
+            if self._b.status == "failed":
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return self._b
+        expires_at = self._b.expires_at or 0
+        while True:
+            self._check_expiry(expires_at)
+            ending = self._b.status in ("cancelling",) or self._expired
+            running = sum(lane.running for lane in self._lanes)
+            if running == 0 and (ending or all(lane.done for lane in self._lanes)):
+                break
+            if self._draining and running == 0:
+                await self._report_demands()
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(input.model_copy(update={"state": self._s}))
+            if not ending and not self._b.backfill.paused and not self._draining:
+                self._start_lines()
+            await self._report_demands()
+            self._update_summary()
+            self._dirty = False
+            timeout = self._next_wakeup(expires_at)
+            try:
+                await workflow.wait_condition(lambda: self._dirty, timeout=timeout)
+            except TimeoutError:
+                pass
+        await self._finish()
+        return self._b
+
+    @property
+    def _b(self) -> Batch:
+        assert self._s is not None
+        return self._s.batch
+
+    @property
+    def _lanes(self) -> list[Lane]:
+        assert self._s is not None
+        return self._s.lanes
+
+    @property
+    def _expired(self) -> bool:
+        return self._b.expired_at is not None
+
+    @staticmethod
+    def initial_batch(input: BatchInput) -> Batch:
+        """The Batch object as created, before validation (also what the api answers)."""
+        hours = COMPLETION_WINDOWS[input.completion_window]
+        return Batch(
+            id=input.batch_id,
+            endpoint=input.endpoint,
+            input_file_id=input.input_file_id,
+            completion_window=input.completion_window,
+            status="validating",
+            created_at=input.created_at,
+            expires_at=input.created_at + hours * 3600,
+            metadata=input.metadata,
+            backfill=BackfillExtension(workspace=input.workspace),
+        )
+
+    async def _validate(self, input: BatchInput) -> None:
+        out = await workflow.execute_activity_method(
+            LineActivities.validate_input,
+            ValidateInput(
+                batch_id=input.batch_id,
+                input_file_id=input.input_file_id,
+                endpoint=input.endpoint,
+                allowed_models=input.allowed_models,
+            ),
+            start_to_close_timeout=timedelta(minutes=30),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+        now = _now()
+        if out.errors:
+            self._b.errors = BatchErrors(data=out.errors)
+            self._b.status = "failed"
+            self._b.failed_at = now
+            self._set_status_attribute()
+            return
+        self._s.lanes = [  # type: ignore[union-attr]
+            Lane(index=r.index, route_id=r.route_id, model=r.model, total=r.total)
+            for r in out.routes
+        ]
+        self._b.request_counts = RequestCounts(total=out.total)
+        self._b.model = out.models[0] if len(out.models) == 1 else None
+        self._b.status = "in_progress"
+        self._b.in_progress_at = now
+        workflow.upsert_search_attributes([sa.MODELS.value_set(out.models)])
+        self._set_status_attribute()
+
+    def _check_expiry(self, expires_at: int) -> None:
+        if self._expired or self._b.status == "cancelling":
+            return
+        if _now() >= expires_at:
+            self._b.expired_at = _now()
+            for lane in self._lanes:
+                lane.stop()
+
+    def _next_wakeup(self, expires_at: int) -> timedelta | None:
+        """Sleep until the earliest timer: expiry, a route's backoff, or a demand keep-alive."""
+        now_s = workflow.now().timestamp()
+        candidates = []
+        if not self._expired and self._b.status != "cancelling":
+            candidates.append(expires_at - now_s)
+        for lane in self._lanes:
+            if lane.backoff_until is not None:
+                candidates.append(lane.backoff_until - now_s)
+            if lane.pending_count() > 0 and lane.allotment == 0:
+                candidates.append(300.0)  # re-register: a scheduler that vanished comes back
+        if not candidates:
+            return None
+        return timedelta(seconds=max(0.5, min(candidates)))
+
+    # ---- lines ----
+    def _start_lines(self) -> None:
+        now_s = workflow.now().timestamp()
+        for lane in self._lanes:
+            if lane.backoff_until is not None and lane.backoff_until <= now_s:
+                lane.backoff_until = None
+            while lane.can_start(now_s):
+                position, attempts = lane.take()
+                task = asyncio.ensure_future(self._run_line(lane, position, attempts))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _run_line(self, lane: Lane, position: int, attempts: int) -> None:
+        assert self._input is not None
+        lost_too_often = attempts >= MAX_LOST_ATTEMPTS
+        line = LineInput(
+            batch_id=self._b.id,
+            input_file_id=self._b.input_file_id,
+            endpoint=self._b.endpoint,
+            route_id=lane.route_id,
+            route_index=lane.index,
+            position=position,
+            final_attempt=attempts >= self._input.max_line_retries,
+            give_up_code="line_lost" if lost_too_often else None,
+            give_up_message=(
+                f"The request's worker was lost {attempts} times; it was not retried again."
+                if lost_too_often
+                else None
+            ),
+        )
+        try:
+            outcome: LineOutcome = await workflow.execute_activity_method(
+                LineActivities.run_line,
+                line,
+                start_to_close_timeout=timedelta(seconds=self._input.line_timeout_seconds + 60),
+                heartbeat_timeout=LINE_HEARTBEAT,
+                retry_policy=NO_RETRY,
+            )
+        except ActivityError as err:
+            # The worker running it died (heartbeat timeout) or the activity crashed: the line
+            # goes back to the front of the queue; the result store commits it at most once.
+            workflow.logger.warning("line %s/%s lost: %s", lane.route_id, position, err.cause)
+            lane.requeue(position, attempts + 1)
+        else:
+            if outcome.retry:
+                lane.requeue(position, attempts + 1)
+                lane.back_off(workflow.now().timestamp())
+            else:
+                lane.finish(position)
+                self._lines_this_run += 1
+                self._count(outcome)
+        finally:
+            lane.running -= 1
+            self._after_line(lane)
+
+    def _count(self, outcome: LineOutcome) -> None:
+        counts = self._b.request_counts
+        if outcome.ok:
+            counts.completed += 1
+        else:
+            counts.failed += 1
+        if outcome.usage is not None:
+            self._b.usage.add(outcome.usage)
+
+    def _after_line(self, lane: Lane) -> None:
+        if self._lines_this_run >= LINES_PER_RUN or workflow.info().is_continue_as_new_suggested():
+            self._draining = True
+        self._dirty = True
+
+    # ---- scheduler protocol ----
+    async def _report_demands(self) -> None:
+        assert self._input is not None
+        halt = self._draining or self._b.backfill.paused or self._ending
+        for lane in self._lanes:
+            if lane.unacked_epoch is not None and lane.running <= lane.allotment:
+                epoch = lane.unacked_epoch
+                lane.unacked_epoch = None
+                await self._signal_ack(lane, epoch)
+            wanted = demand_to_report(lane, halt=halt and not self._draining)
+            if wanted is None:
+                continue
+            lane.reported = wanted
+            lane.allotment = min(lane.allotment, wanted)
+            await workflow.execute_activity_method(
+                ControlActivities.report_demand,
+                DemandInput(
+                    route_id=lane.route_id,
+                    batch_id=self._b.id,
+                    workspace=self._input.workspace,
+                    wanted=wanted,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+
+    async def _signal_ack(self, lane: Lane, epoch: int) -> None:
+        handle = workflow.get_external_workflow_handle_for(
+            RouteSchedulerWorkflow.run, lane.scheduler_id
+        )
+        try:
+            await handle.signal(
+                RouteSchedulerWorkflow.ack,
+                Ack(batch_id=self._b.id, epoch=epoch, running=lane.running),
+            )
+        except Exception as err:  # the scheduler is gone; re-registering brings it back
+            workflow.logger.info("ack to %s failed: %s", lane.scheduler_id, err)
+            lane.reported = None
+
+    @property
+    def _ending(self) -> bool:
+        return self._expired or self._b.status == "cancelling"
+
+    @workflow.signal
+    def set_allotment(self, a: Allotment) -> None:
+        for lane in self._lanes:
+            if lane.route_id == a.route_id:
+                lane.set_allotment(a.epoch, a.lines)
+        self._dirty = True
+
+    # ---- operator controls ----
+    @workflow.signal
+    def pause(self, req: PauseRequest | None = None) -> None:
+        ext = self._b.backfill
+        if self._b.status not in ("in_progress", "validating") or ext.paused:
+            return
+        ext.paused = True
+        ext.paused_by = (req or PauseRequest()).by
+        self._dirty = True
+
+    @workflow.signal
+    def resume(self) -> None:
+        ext = self._b.backfill
+        if not ext.paused:
+            return
+        ext.paused = False
+        ext.paused_by = None
+        self._dirty = True
+
+    @workflow.update
+    def cancel(self) -> Batch:
+        if self._b.status in ("validating", "in_progress"):
+            self._b.status = "cancelling"
+            self._b.cancelling_at = _now()
+            for lane in self._lanes:
+                lane.stop()
+            self._set_status_attribute()
+            self._dirty = True
+        return self._b
+
+    @workflow.query
+    def describe(self) -> Batch:
+        return self._b
+
+    # ---- the end ----
+    async def _finish(self) -> None:
+        assert self._input is not None
+        await self._report_demands()  # leave every scheduler (wanted 0)
+        reason: EndReason
+        if self._b.status == "cancelling":
+            reason = "cancelled"
+        elif self._expired:
+            reason = "expired"
+        else:
+            reason = "completed"
+            self._b.status = "finalizing"
+            self._b.finalizing_at = _now()
+            self._set_status_attribute()
+        out = await workflow.execute_activity_method(
+            LineActivities.finalize_batch,
+            FinalizeInput(
+                batch_id=self._b.id,
+                workspace=self._input.workspace,
+                input_file_id=self._b.input_file_id,
+                reason=reason,
+            ),
+            start_to_close_timeout=timedelta(hours=1),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=5),
+        )
+        b = self._b
+        b.output_file_id = out.output_file_id
+        b.error_file_id = out.error_file_id
+        b.request_counts = RequestCounts(
+            total=out.total, completed=out.completed, failed=out.failed
+        )
+        b.usage = Usage()
+        b.usage.add(out.usage)
+        now = _now()
+        if reason == "cancelled":
+            b.status, b.cancelled_at = "cancelled", now
+        elif reason == "expired":
+            b.status = "expired"
+        else:
+            b.status, b.completed_at = "completed", now
+        b.backfill.summary = None
+        for p in b.backfill.routes:
+            p.state, p.reason, p.running_lines, p.allotment = "done", None, 0, 0
+        self._set_status_attribute()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+
+    def _set_status_attribute(self) -> None:
+        workflow.upsert_search_attributes([sa.STATUS.value_set(self._b.status)])
+
+    def _update_summary(self) -> None:
+        ext = self._b.backfill
+        ext.routes = [
+            RouteProgress(
+                model=lane.model,
+                route=lane.route_id,
+                state=lane.state(paused=ext.paused),
+                running_lines=lane.running,
+                allotment=lane.allotment,
+                total_lines=lane.total,
+                finished_lines=lane.finished,
+            )
+            for lane in self._lanes
+        ]
+        held_back = any(lane.pending_count() > 0 for lane in self._lanes)
+        running = sum(lane.running for lane in self._lanes)
+        if ext.paused:
+            ext.summary = "Paused"
+        elif held_back and running == 0 and not self._ending:
+            ext.summary = "Queued — waiting for capacity"
+        else:
+            ext.summary = None
+
+
+def _now() -> int:
+    return int(workflow.now().timestamp())

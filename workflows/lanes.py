@@ -1,0 +1,128 @@
+"""A batch's lines on one route (a "lane"): pure bookkeeping the batch workflow acts on.
+
+No temporalio import: what may start, what to requeue, and when to tell the route's scheduler
+that demand changed are decided here and unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from backfill.ids import scheduler_workflow_id
+
+MAX_BACKOFF_SECONDS = 60.0
+
+
+class Lane(BaseModel):
+    index: int
+    """The route's position in the batch's route list (names its line list in the store)."""
+    route_id: str
+    model: str
+    total: int
+    """Lines of the batch on this route."""
+    next_pos: int = 0
+    """Next never-started position in the route's line list."""
+    requeued: list[int] = Field(default_factory=list)
+    """Positions to run again before new ones (lost or rate limited)."""
+    attempts: dict[int, int] = Field(default_factory=dict)
+    """Failed attempts so far of requeued positions."""
+    finished: int = 0
+    running: int = 0
+    allotment: int = 0
+    """Lines this batch may keep running on the route (the scheduler's latest word, capped by
+    the demand last reported)."""
+    epoch: int = 0
+    unacked_epoch: int | None = None
+    """Epoch of a shrink the scheduler waits to hear we are within."""
+    reported: int | None = None
+    """Demand last reported to the scheduler (None: not registered)."""
+    backoff_until: float | None = None
+    backoff_level: int = 0
+    stopped: bool = False
+    """No new line starts (cancelled or expired)."""
+
+    @property
+    def scheduler_id(self) -> str:
+        return scheduler_workflow_id(self.route_id)
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.total
+
+    def pending_count(self) -> int:
+        if self.stopped:
+            return 0
+        return self.total - self.next_pos + len(self.requeued)
+
+    def can_start(self, now: float) -> bool:
+        if self.backoff_until is not None and now < self.backoff_until:
+            return False
+        return self.running < self.allotment and self.pending_count() > 0
+
+    def take(self) -> tuple[int, int]:
+        """Mark the next line running; returns (position, failed attempts so far)."""
+        if self.requeued:
+            position = self.requeued.pop(0)
+        else:
+            position = self.next_pos
+            self.next_pos += 1
+        self.running += 1
+        return position, self.attempts.pop(position, 0)
+
+    def requeue(self, position: int, attempts: int) -> None:
+        self.requeued.insert(0, position)
+        self.attempts[position] = attempts
+
+    def finish(self, position: int) -> None:
+        self.finished += 1
+        self.backoff_level = 0
+
+    def back_off(self, now: float) -> None:
+        """429/503/refused: no new line on this route for a while (doubling, capped)."""
+        self.backoff_level += 1
+        self.backoff_until = now + min(MAX_BACKOFF_SECONDS, 2.0 ** (self.backoff_level - 1))
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def set_allotment(self, epoch: int, lines: int) -> None:
+        if epoch <= self.epoch:
+            return  # stale
+        if lines < self.allotment or self.unacked_epoch is not None:
+            self.unacked_epoch = epoch
+        self.epoch = epoch
+        self.allotment = lines
+        if self.reported is not None:
+            self.allotment = min(self.allotment, max(self.reported, 0))
+
+    def state(self, *, paused: bool) -> str:
+        if self.done:
+            return "done"
+        if paused:
+            return "paused"
+        if self.running > 0:
+            return "running"
+        return "queued"
+
+
+def demand_to_report(lane: Lane, *, halt: bool) -> int | None:
+    """The demand to report to the route's scheduler now, or None if nothing worth saying.
+
+    Demand = lines running + lines that could start (none when `halt`: paused, cancelling,
+    expired). Rises are reported at once; falls only when they matter (below the allotment),
+    in steps of a quarter, and always the final 0, so the signal count stays logarithmic.
+    """
+    wanted = lane.running + (0 if halt else lane.pending_count())
+    if lane.reported is None:
+        return wanted if wanted > 0 else None
+    if wanted > lane.reported:
+        return wanted
+    if wanted == lane.reported:
+        return None
+    if wanted == 0:
+        return 0
+    if wanted >= lane.allotment:
+        return None
+    if wanted <= lane.reported * 3 // 4:
+        return wanted
+    return None

@@ -1,0 +1,129 @@
+"""Inputs and outputs of every workflow, signal, update and activity (one object each).
+
+Plain pydantic models, safe inside the workflow sandbox; fields may be added with defaults
+without breaking running workflows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from backfill.batches import BatchError, TokenCounts
+
+EndReason = Literal["completed", "expired", "cancelled"]
+
+
+# ---- activities ----
+class ValidateInput(BaseModel):
+    batch_id: str
+    input_file_id: str
+    endpoint: str
+    allowed_models: list[str] | None = None
+
+
+class RouteAssignment(BaseModel):
+    """The lines of a batch assigned to one route at validation (fixed from then on)."""
+
+    index: int
+    """Position in the batch's route list; names the route's line list in the store."""
+    route_id: str
+    model: str
+    total: int
+
+
+class ValidateOutput(BaseModel):
+    errors: list[BatchError] = Field(default_factory=list)
+    total: int = 0
+    routes: list[RouteAssignment] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list)
+
+
+class LineInput(BaseModel):
+    batch_id: str
+    input_file_id: str
+    endpoint: str
+    route_id: str
+    route_index: int
+    position: int
+    """Position in the route's line list (not the line number)."""
+    final_attempt: bool = True
+    """When False, a 429/503/connection failure is not committed: the line goes back to the
+    queue. When True it is committed as a failed line."""
+    give_up_code: str | None = None
+    """Set when the workflow gives up on a line without sending it (e.g. it was lost too many
+    times): commit an error record with this code unless a record already exists."""
+    give_up_message: str | None = None
+
+
+class LineOutcome(BaseModel):
+    line: int
+    """0-based line number in the batch's request lines."""
+    ok: bool = False
+    """2xx and committed."""
+    retry: bool = False
+    """Not committed: rate limited / unavailable / refused; send it again later."""
+    status_code: int | None = None
+    error_code: str | None = None
+    usage: TokenCounts | None = None
+
+
+class DemandInput(BaseModel):
+    """Register or update a batch's demand with a route's scheduler (signal-with-start)."""
+
+    route_id: str
+    batch_id: str
+    workspace: str
+    wanted: int
+
+
+class FinalizeInput(BaseModel):
+    batch_id: str
+    workspace: str
+    input_file_id: str
+    reason: EndReason
+
+
+class FinalizeOutput(BaseModel):
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    usage: TokenCounts = Field(default_factory=TokenCounts)
+
+
+class ClosedBatchesInput(BaseModel):
+    batch_ids: list[str]
+
+
+class ClosedBatchesOutput(BaseModel):
+    closed: list[str] = Field(default_factory=list)
+
+
+# ---- batch ⇄ scheduler signals ----
+class Demand(BaseModel):
+    batch_id: str
+    workspace: str
+    wanted: int
+    """Lines not yet finished that the batch would run now (running + startable). 0 = leaving."""
+
+
+class Allotment(BaseModel):
+    route_id: str
+    epoch: int
+    lines: int
+
+
+class Ack(BaseModel):
+    """The batch's running lines are within the allotment of this epoch."""
+
+    batch_id: str
+    epoch: int
+    running: int
+
+
+class PauseRequest(BaseModel):
+    by: str = "operator"
+    """Who or what paused (shown as `paused_by`)."""

@@ -1,0 +1,274 @@
+"""RouteSchedulerWorkflow: one per route, the global cap on batch lines, shared fairly.
+
+An entity workflow. Handlers only record; the main loop decides (with the pure functions in
+`workflows.fairness`) and signals each batch its allotment when it changes. Batches keep that many
+lines running without asking again, so a line completing adds nothing to this history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import timedelta
+
+from pydantic import BaseModel, Field, field_validator
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.control import ControlActivities
+    from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
+    from workflows.messages import (
+        Ack,
+        Allotment,
+        ClosedBatchesInput,
+        Demand,
+    )
+
+SET_ALLOTMENT_SIGNAL = "set_allotment"
+"""BatchWorkflow's signal (named, not imported: the batch workflow imports this module)."""
+REASON_AT_LIMIT = "At its batch limit"
+REASON_OTHERS_TURN = "Other batches' turn"
+
+
+class RouteSettings(BaseModel):
+    """The route's batch-scheduling settings, held durably in the scheduler's state."""
+
+    model_config = {"extra": "forbid"}
+
+    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
+    """"Batch lines at once": batch lines running on the route across every batch and process."""
+
+    @field_validator("max_concurrent_lines")
+    @classmethod
+    def _range(cls, v: int) -> int:
+        if not 1 <= v <= 256:
+            raise ValueError("max_concurrent_lines must be between 1 and 256")
+        return v
+
+
+class BatchSlot(BaseModel):
+    """What the scheduler knows of one batch on this route."""
+
+    batch_id: str
+    workspace: str
+    wanted: int = 0
+    allotment: int = 0
+    """Lines the batch may keep running (last decided)."""
+    held: int = 0
+    """Slots counted as used: the old allotment until a shrink is acknowledged."""
+    epoch: int = 0
+    """Epoch of the last allotment sent to the batch."""
+    sent: int = 0
+    """Allotment last sent (so only changes are signalled)."""
+    last_served: int = 0
+    arrived: int = 0
+    """Arrival sequence (queue order among equals)."""
+
+
+class SchedulerInput(BaseModel):
+    route_id: str
+    settings: RouteSettings = Field(default_factory=RouteSettings)
+    batches: dict[str, BatchSlot] = Field(default_factory=dict)
+    seq: int = 0
+    reconcile_seconds: float = 30.0
+    """How often slots held by batches are checked against Temporal (vanished batches)."""
+
+
+class BatchStatusEntry(BaseModel):
+    batch_id: str
+    workspace: str
+    wanted: int
+    allotment: int
+    held: int
+    queue_position: int | None = None
+    reason: str | None = None
+
+
+class SchedulerStatus(BaseModel):
+    route_id: str
+    settings: RouteSettings
+    limit: int
+    allotted: int
+    """Sum of allotments: lines batches may run now."""
+    held: int
+    """Slots counted as used (≥ allotted while shrinks are unacknowledged)."""
+    queued_lines: int
+    """Lines wanted beyond their allotments."""
+    batches: list[BatchStatusEntry]
+
+
+@workflow.defn
+class RouteSchedulerWorkflow:
+    @workflow.init
+    def __init__(self, input: SchedulerInput) -> None:
+        # State from the input before any handler runs: signal-with-start delivers the first
+        # demand in the same activation as the start.
+        self._state = input
+        self._dirty = True
+
+    @workflow.run
+    async def run(self, input: SchedulerInput) -> None:
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: self._dirty,
+                    timeout=timedelta(seconds=self._state.reconcile_seconds)
+                    if self._state.batches
+                    else None,
+                )
+            except TimeoutError:
+                await self._reconcile()
+            self._dirty = False
+            self._allocate()
+            await self._send_changes()
+            if workflow.info().is_continue_as_new_suggested() and not self._dirty:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._state)
+
+    # ---- handlers: record only ----
+    @workflow.signal
+    def demand(self, d: Demand) -> None:
+        slot = self._state.batches.get(d.batch_id)
+        if slot is None:
+            if d.wanted <= 0:
+                return
+            self._state.seq += 1
+            slot = BatchSlot(batch_id=d.batch_id, workspace=d.workspace, arrived=self._state.seq)
+            self._state.batches[d.batch_id] = slot
+        wanted = max(0, d.wanted)
+        slot.wanted = wanted
+        if wanted < slot.allotment:
+            # The batch has already capped itself at `wanted` (it never runs more than it
+            # reported), so the shrink needs no acknowledgement.
+            slot.allotment = wanted
+        slot.held = min(slot.held, max(wanted, slot.allotment))
+        if wanted == 0 and slot.held == 0:
+            del self._state.batches[d.batch_id]
+        self._dirty = True
+
+    @workflow.signal
+    def ack(self, a: Ack) -> None:
+        slot = self._state.batches.get(a.batch_id)
+        if slot is None or a.epoch != slot.epoch or a.running > slot.allotment:
+            return
+        slot.held = slot.allotment
+        if slot.wanted == 0 and slot.held == 0:
+            del self._state.batches[a.batch_id]
+        self._dirty = True
+
+    @workflow.update
+    def set_settings(self, settings: RouteSettings) -> RouteSettings:
+        self._state.settings = settings
+        self._dirty = True
+        return settings
+
+    @set_settings.validator
+    def _validate_settings(self, settings: RouteSettings) -> None:
+        RouteSettings.model_validate(settings.model_dump())
+
+    @workflow.query
+    def status(self) -> SchedulerStatus:
+        return scheduler_status(self._state)
+
+    # ---- decisions ----
+    def _allocate(self) -> None:
+        s = self._state
+        cap = s.settings.max_concurrent_lines
+        claims = [
+            Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served)
+            for b in s.batches.values()
+        ]
+        targets = fair_shares(cap, claims)
+        step = plan_step(
+            cap,
+            targets,
+            [Holding(b.batch_id, b.allotment, b.held) for b in s.batches.values()],
+            fairness_order(claims),
+        )
+        for batch_id in step.raised:
+            s.seq += 1
+            s.batches[batch_id].last_served = s.seq
+        for batch_id, slot in s.batches.items():
+            slot.allotment = step.allotments.get(batch_id, slot.allotment)
+            slot.held = step.held.get(batch_id, slot.held)
+
+    async def _send_changes(self) -> None:
+        changed = [b for b in self._state.batches.values() if b.allotment != b.sent]
+        for slot in changed:
+            slot.epoch += 1
+            slot.sent = slot.allotment
+        if not changed:
+            return
+        results = await _gather(
+            [
+                workflow.get_external_workflow_handle(slot.batch_id).signal(
+                    SET_ALLOTMENT_SIGNAL,
+                    Allotment(route_id=self._state.route_id, epoch=slot.epoch, lines=slot.sent),
+                )
+                for slot in changed
+            ]
+        )
+        for slot, err in zip(changed, results, strict=True):
+            if err is not None:
+                workflow.logger.info("batch %s is gone (%s): slots reclaimed", slot.batch_id, err)
+                self._forget(slot.batch_id)
+
+    async def _reconcile(self) -> None:
+        ids = sorted(self._state.batches)
+        if not ids:
+            return
+        out = await workflow.execute_activity_method(
+            ControlActivities.find_closed_batches,
+            ClosedBatchesInput(batch_ids=ids),
+            start_to_close_timeout=timedelta(seconds=30),
+        )
+        for batch_id in out.closed:
+            workflow.logger.info("batch %s closed while holding slots: reclaimed", batch_id)
+            self._forget(batch_id)
+
+    def _forget(self, batch_id: str) -> None:
+        self._state.batches.pop(batch_id, None)
+        self._dirty = True
+
+
+async def _gather(coros: list[Awaitable[None]]) -> list[BaseException | None]:
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    return [r if isinstance(r, BaseException) else None for r in results]
+
+
+def scheduler_status(s: SchedulerInput) -> SchedulerStatus:
+    """The status query's answer, derived from state (pure)."""
+    cap = s.settings.max_concurrent_lines
+    held = sum(b.held for b in s.batches.values())
+    waiting = sorted(
+        (b for b in s.batches.values() if b.wanted > b.allotment),
+        key=lambda b: (b.allotment, b.last_served, b.arrived, b.batch_id),
+    )
+    positions = {b.batch_id: i + 1 for i, b in enumerate(waiting)}
+    entries = []
+    for b in sorted(s.batches.values(), key=lambda b: (b.arrived, b.batch_id)):
+        reason = None
+        if b.wanted > b.allotment:
+            # Held back by the route's limit itself, or by slots other batches hold.
+            others = held - b.held
+            reason = REASON_OTHERS_TURN if others > 0 else REASON_AT_LIMIT
+        entries.append(
+            BatchStatusEntry(
+                batch_id=b.batch_id,
+                workspace=b.workspace,
+                wanted=b.wanted,
+                allotment=b.allotment,
+                held=b.held,
+                queue_position=positions.get(b.batch_id),
+                reason=reason,
+            )
+        )
+    return SchedulerStatus(
+        route_id=s.route_id,
+        settings=s.settings,
+        limit=cap,
+        allotted=sum(b.allotment for b in s.batches.values()),
+        held=held,
+        queued_lines=sum(max(0, b.wanted - b.allotment) for b in s.batches.values()),
+        batches=entries,
+    )
