@@ -67,7 +67,7 @@ class Stack:
 
     def _write_config(self) -> None:
         lines = ["[limits]"] + [f"{k} = {v!r}" for k, v in self.limits.items()]
-        lines += ['[[models]]', 'id = "demo"']
+        lines += ["[[models]]", 'id = "demo"']
         for route in self.routes:
             lines += [
                 "[[models.routes]]",
@@ -95,8 +95,8 @@ class Stack:
         self.workers.append(child)
         return child
 
-    async def wait_healthy(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
+    async def wait_healthy(self, within: float = 60) -> None:
+        deadline = time.monotonic() + within
         async with httpx.AsyncClient() as http:
             while time.monotonic() < deadline:
                 if not self.api.running:
@@ -144,8 +144,8 @@ def jsonl(n: int, *, prefix: str = "req", model: str = "demo", **body: Any) -> b
     return ("\n".join(out) + "\n").encode()
 
 
-async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 300) -> Any:
-    deadline = time.monotonic() + timeout
+async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, within: float = 300) -> Any:
+    deadline = time.monotonic() + within
     while True:
         batch = await client.batches.retrieve(batch_id)
         if batch.status in ("completed", "failed", "expired", "cancelled"):

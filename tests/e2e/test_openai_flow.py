@@ -7,7 +7,7 @@ import json
 from openai.types import Batch as SDKBatch
 from openai.types.chat import ChatCompletion
 
-from tests.e2e.stack import Stack, jsonl, wait_terminal
+from tests.e2e.stack import Stack, jsonl
 
 
 async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
