@@ -47,7 +47,11 @@ async def signal_demand(client: Client, settings: Settings, input: DemandInput) 
     initial = RouteSettings(max_concurrent_lines=route.max_concurrent_lines if route else 2)
     await client.start_workflow(
         RouteSchedulerWorkflow.run,
-        SchedulerInput(route_id=input.route_id, settings=initial),
+        SchedulerInput(
+            route_id=input.route_id,
+            settings=initial,
+            reconcile_seconds=settings.scheduler_reconcile_seconds,
+        ),
         id=scheduler_workflow_id(input.route_id),
         task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

@@ -9,7 +9,7 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import batches, errors, files, health
+from api import admin, batches, errors, files, health
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
@@ -32,4 +32,5 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(health.router)
+    app.include_router(admin.router)
     return app

@@ -126,6 +126,14 @@ class Settings(BaseSettings):
         ),
     )
     """Activity slots per worker: must cover the sum of route caps this worker serves."""
+    scheduler_reconcile_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "BACKFILL_SCHEDULER_RECONCILE_SECONDS", "scheduler_reconcile_seconds"
+        ),
+    )
+    """How often a route's scheduler checks that the batches holding its slots still run."""
     limits: Limits = Field(default_factory=Limits)
     models: list[ModelConfig] = Field(default_factory=list)
     api_keys: list[ApiKeyConfig] = Field(default_factory=list)

@@ -70,6 +70,11 @@ class SchedulerInput(BaseModel):
     settings: RouteSettings = Field(default_factory=RouteSettings)
     batches: dict[str, BatchSlot] = Field(default_factory=dict)
     seq: int = 0
+    targets: dict[str, int] = Field(default_factory=dict)
+    """Fair shares last computed. Recomputed only when demand, settings or the set of batches
+    change, or at each reconcile tick (which rotates uneven remainders), never on a mere
+    acknowledgement: otherwise remainder slots would hop between batches after every line."""
+    replan: bool = True
     reconcile_seconds: float = 30.0
     """How often slots held by batches are checked against Temporal (vanished batches)."""
 
@@ -117,6 +122,7 @@ class RouteSchedulerWorkflow:
                     else None,
                 )
             except TimeoutError:
+                self._state.replan = True
                 await self._reconcile()
             self._dirty = False
             self._allocate()
@@ -144,6 +150,7 @@ class RouteSchedulerWorkflow:
         slot.held = min(slot.held, max(wanted, slot.allotment))
         if wanted == 0 and slot.held == 0:
             del self._state.batches[d.batch_id]
+        self._state.replan = True
         self._dirty = True
 
     @workflow.signal
@@ -159,6 +166,7 @@ class RouteSchedulerWorkflow:
     @workflow.update
     def set_settings(self, settings: RouteSettings) -> RouteSettings:
         self._state.settings = settings
+        self._state.replan = True
         self._dirty = True
         return settings
 
@@ -178,10 +186,12 @@ class RouteSchedulerWorkflow:
             Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served)
             for b in s.batches.values()
         ]
-        targets = fair_shares(cap, claims)
+        if s.replan or set(s.targets) != set(s.batches):
+            s.targets = fair_shares(cap, claims)
+            s.replan = False
         step = plan_step(
             cap,
-            targets,
+            s.targets,
             [Holding(b.batch_id, b.allotment, b.held) for b in s.batches.values()],
             fairness_order(claims),
         )
@@ -228,6 +238,7 @@ class RouteSchedulerWorkflow:
 
     def _forget(self, batch_id: str) -> None:
         self._state.batches.pop(batch_id, None)
+        self._state.replan = True
         self._dirty = True
 
 

@@ -36,6 +36,7 @@ class Stack:
         sim: SimConfig | None = None,
         extra_routes: int = 0,
         limits: dict[str, Any] | None = None,
+        reconcile_seconds: float = 2.0,
     ) -> None:
         self.tmp = tmp
         self.temporal_address = temporal_address
@@ -47,6 +48,7 @@ class Stack:
         self.task_queue = f"tq-{self.suffix}"
         self.api_port = free_port()
         self.limits = limits or {}
+        self.reconcile_seconds = reconcile_seconds
         self.workers: list[Child] = []
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
@@ -63,6 +65,7 @@ class Stack:
             "BACKFILL_API_PORT": str(self.api_port),
             "BACKFILL_DATA_DIR": str(self.tmp / "data"),
             "BACKFILL_LOG_LEVEL": "WARNING",
+            "BACKFILL_SCHEDULER_RECONCILE_SECONDS": str(self.reconcile_seconds),
         }
 
     def _write_config(self) -> None:
@@ -120,6 +123,33 @@ class Stack:
         for child in [self.api, *self.workers]:
             await asyncio.to_thread(child.stop)
         await self.sim.stop()
+
+
+async def submit(stack: Stack, n: int, *, key: str = API_KEY, prefix: str = "req") -> str:
+    """Upload an n-line chat file and create a 24h batch; returns the batch id."""
+    client = stack.client(key)
+    f = await client.files.create(file=("in.jsonl", jsonl(n, prefix=prefix)), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id
+
+
+async def output_ids(
+    client: openai.AsyncOpenAI, batch: Any
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """custom_ids of the output file, and the error file's records."""
+    import json
+
+    ids: list[str] = []
+    errors: list[dict[str, Any]] = []
+    if batch.output_file_id:
+        text = (await client.files.content(batch.output_file_id)).text
+        ids = [json.loads(line)["custom_id"] for line in text.splitlines()]
+    if batch.error_file_id:
+        text = (await client.files.content(batch.error_file_id)).text
+        errors = [json.loads(line) for line in text.splitlines()]
+    return ids, errors
 
 
 def jsonl(n: int, *, prefix: str = "req", model: str = "demo", **body: Any) -> bytes:

@@ -1,0 +1,73 @@
+"""The bare baseline: one workflow running N trivial activities, a sliding window of W in flight.
+
+It mirrors BatchWorkflow's shape without any of its bookkeeping: no scheduler, no store, no HTTP,
+no pydantic state. Like BatchWorkflow it drains and continues-as-new after `per_run` finished
+activities (or when Temporal suggests it), so both pay the same continue-as-new pauses and the
+comparison isolates what backfill adds per line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from pydantic import BaseModel
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+
+
+class BareInput(BaseModel):
+    total: int
+    window: int
+    per_run: int = 2_000
+    done: int = 0
+    """Activities finished in earlier runs (carried across continue-as-new)."""
+    runs: int = 1
+
+
+class BareResult(BaseModel):
+    done: int
+    runs: int
+
+
+@activity.defn
+async def noop(i: int) -> int:
+    return i
+
+
+@workflow.defn
+class BareWorkflow:
+    @workflow.run
+    async def run(self, inp: BareInput) -> BareResult:
+        next_i = inp.done
+        done = inp.done
+        this_run = 0
+        draining = False
+        pending: set[asyncio.Future[int]] = set()
+        while True:
+            while not draining and len(pending) < inp.window and next_i < inp.total:
+                pending.add(
+                    asyncio.ensure_future(
+                        workflow.execute_activity(
+                            noop,
+                            next_i,
+                            start_to_close_timeout=timedelta(seconds=60),
+                            retry_policy=RetryPolicy(maximum_attempts=1),
+                        )
+                    )
+                )
+                next_i += 1
+            if not pending:
+                break
+            finished, pending = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done += len(finished)
+            this_run += len(finished)
+            if this_run >= inp.per_run or workflow.info().is_continue_as_new_suggested():
+                draining = True
+            if draining and not pending:
+                if done >= inp.total:
+                    break
+                workflow.continue_as_new(
+                    inp.model_copy(update={"done": done, "runs": inp.runs + 1})
+                )
+        return BareResult(done=done, runs=inp.runs)

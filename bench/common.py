@@ -1,0 +1,328 @@
+"""Shared pieces of the benches: a private dev server, CPU accounting, and history analysis.
+
+Nothing here changes the project: it only starts processes on loopback (a dev server in a
+temporary directory, optionally a simulator process) and reads workflow histories back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from backfill.devserver import DevServer, free_port
+
+MAX_RUNS_FOLLOWED = 1_000
+"""Bound on the continue-as-new chain walked when reading a workflow's histories."""
+
+_ENV_OVERRIDES = ("BACKFILL_", "TEMPORAL_")
+
+
+def log(msg: str) -> None:
+    """Progress to stderr (stdout stays clean for --json)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def clear_settings_env() -> list[str]:
+    """Drop BACKFILL_* / TEMPORAL_* from this process's environment.
+
+    backfill's Settings let the environment win over constructor arguments; a bench must use
+    its own dev server, data directory and task queues whatever the shell exports."""
+    dropped = [k for k in os.environ if k.startswith(_ENV_OVERRIDES)]
+    for k in dropped:
+        del os.environ[k]
+    return dropped
+
+
+@contextlib.asynccontextmanager
+async def dev_server(
+    tmp: Path,
+    *,
+    dynamic_config: Iterable[str] = (),
+    in_memory: bool = False,
+    ready_timeout: float = 90.0,
+) -> AsyncIterator[DevServer]:
+    """A headless dev server on a free port with its state under `tmp`; always stopped."""
+    server = DevServer(
+        tmp / "temporal",
+        port=free_port(),
+        ui_port=None,
+        db_filename=None if in_memory else "temporal.db",
+        dynamic_config=list(dynamic_config),
+    )
+    server.start()
+    try:
+        await server.wait_ready_async(timeout=ready_timeout)
+        yield server
+    finally:
+        import asyncio
+
+        await asyncio.to_thread(server.stop)
+
+
+# ---- CPU accounting -----------------------------------------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu_seconds(pid: int | None) -> float:
+    """user+system CPU seconds of a process (and its reaped children), 0 if unreadable."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[-1].split()
+    # after ")": state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14)
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime + cutime + cstime) / _TICK
+
+
+def self_cpu_seconds() -> float:
+    """CPU seconds of this process, every thread (Python, the SDK's Rust core, the simulator)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class CpuSpan:
+    """Wall and CPU time over one phase: this process and the dev server (and a sim process)."""
+
+    wall_s: float = 0.0
+    bench_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    sim_cpu_s: float = 0.0
+
+
+class CpuMeter:
+    def __init__(self, server_pid: int | None, sim_pid: int | None = None) -> None:
+        self.server_pid, self.sim_pid = server_pid, sim_pid
+
+    @contextlib.contextmanager
+    def span(self) -> Iterator[CpuSpan]:
+        out = CpuSpan()
+        w0, b0 = time.monotonic(), self_cpu_seconds()
+        s0, m0 = proc_cpu_seconds(self.server_pid), proc_cpu_seconds(self.sim_pid)
+        try:
+            yield out
+        finally:
+            out.wall_s = time.monotonic() - w0
+            out.bench_cpu_s = self_cpu_seconds() - b0
+            out.server_cpu_s = proc_cpu_seconds(self.server_pid) - s0
+            out.sim_cpu_s = proc_cpu_seconds(self.sim_pid) - m0
+
+
+# ---- histories ------------------------------------------------------------------------------------
+def _ts(ev: Any) -> float:
+    return float(ev.event_time.ToMicroseconds()) / 1e6
+
+
+@dataclass
+class ActivityTimes:
+    count: int = 0
+    first_scheduled: float | None = None
+    last_closed: float | None = None
+    schedule_to_start_s: float = 0.0
+    """Sum over activities (matching + worker poll latency)."""
+    start_to_close_s: float = 0.0
+    """Sum over activities (the activity's own run time as the server saw it)."""
+    schedule_to_close_s: float = 0.0
+
+    def mean_ms(self, total: float) -> float:
+        return 1000.0 * total / self.count if self.count else 0.0
+
+    @property
+    def span_s(self) -> float:
+        if self.first_scheduled is None or self.last_closed is None:
+            return 0.0
+        return self.last_closed - self.first_scheduled
+
+    @property
+    def mean_in_flight(self) -> float:
+        """Average activities open (scheduled, not closed) over the span: effective concurrency."""
+        return self.schedule_to_close_s / self.span_s if self.span_s > 0 else 0.0
+
+
+@dataclass
+class RunStats:
+    run_id: str
+    events: int
+    start: float
+    end: float
+    lines_first_scheduled: float | None = None
+    lines_last_scheduled: float | None = None
+    lines_last_closed: float | None = None
+    lines: int = 0
+
+
+@dataclass
+class HistoryStats:
+    workflow_id: str
+    runs: list[RunStats] = field(default_factory=list)
+    event_types: Counter[str] = field(default_factory=Counter)
+    activities: dict[str, ActivityTimes] = field(default_factory=dict)
+    workflow_tasks: int = 0
+    wft_schedule_to_start_s: float = 0.0
+    wft_start_to_close_s: float = 0.0
+
+    @property
+    def total_events(self) -> int:
+        return sum(r.events for r in self.runs)
+
+    def can_gaps(self) -> list[dict[str, float]]:
+        """Per continue-as-new: the drain tail (last line scheduled → last line closed in the
+        old run) and the idle gap (last line closed → first line scheduled in the new run)."""
+        out = []
+        for a, b in zip(self.runs, self.runs[1:], strict=False):
+            if a.lines_last_closed is None or b.lines_first_scheduled is None:
+                continue
+            tail = (a.lines_last_closed - a.lines_last_scheduled) if a.lines_last_scheduled else 0
+            out.append(
+                {"drain_tail_s": tail, "idle_gap_s": b.lines_first_scheduled - a.lines_last_closed}
+            )
+        return out
+
+    def summary(self, line_activity: str) -> dict[str, Any]:
+        acts = self.activities.get(line_activity, ActivityTimes())
+        gaps = self.can_gaps()
+        n = acts.count or 1
+        return {
+            "workflow_id": self.workflow_id,
+            "runs": len(self.runs),
+            "events": self.total_events,
+            "events_per_run": [r.events for r in self.runs],
+            "events_per_line": round(self.total_events / n, 2),
+            "event_types": dict(self.event_types.most_common()),
+            "workflow_tasks": self.workflow_tasks,
+            "workflow_tasks_per_line": round(self.workflow_tasks / n, 3),
+            "wft_mean_schedule_to_start_ms": _mean_ms(
+                self.wft_schedule_to_start_s, self.workflow_tasks
+            ),
+            "wft_mean_start_to_close_ms": _mean_ms(self.wft_start_to_close_s, self.workflow_tasks),
+            "wft_busy_s": round(self.wft_start_to_close_s, 2),
+            "line_activities": acts.count,
+            "line_span_s": round(acts.span_s, 3),
+            "line_mean_in_flight": round(acts.mean_in_flight, 1),
+            "line_mean_schedule_to_start_ms": round(acts.mean_ms(acts.schedule_to_start_s), 1),
+            "line_mean_start_to_close_ms": round(acts.mean_ms(acts.start_to_close_s), 1),
+            "line_mean_schedule_to_close_ms": round(acts.mean_ms(acts.schedule_to_close_s), 1),
+            "other_activities": {
+                name: {
+                    "count": a.count,
+                    "mean_schedule_to_close_ms": round(a.mean_ms(a.schedule_to_close_s), 1),
+                    "total_schedule_to_close_s": round(a.schedule_to_close_s, 3),
+                }
+                for name, a in self.activities.items()
+                if name != line_activity
+            },
+            "continue_as_new": [{k: round(v, 3) for k, v in g.items()} for g in gaps],
+            "continue_as_new_idle_s": round(sum(g["idle_gap_s"] for g in gaps), 3),
+            "continue_as_new_drain_tail_s": round(sum(g["drain_tail_s"] for g in gaps), 3),
+        }
+
+
+def _mean_ms(total_s: float, n: int) -> float:
+    return round(1000.0 * total_s / n, 2) if n else 0.0
+
+
+_CLOSE_TYPES = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+
+
+async def analyze_chain(
+    client: Client, workflow_id: str, first_run_id: str | None, line_activity: str
+) -> HistoryStats:
+    """Read every run of a workflow, following continue-as-new from `first_run_id` (exact; no
+    dependence on visibility lag), and gather event counts and activity / workflow-task timings."""
+    stats = HistoryStats(workflow_id)
+    run_id = first_run_id
+    for _ in range(MAX_RUNS_FOLLOWED):
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        events = list(history.events)
+        if not events:
+            break
+        run = RunStats(run_id or "", len(events), _ts(events[0]), _ts(events[-1]))
+        scheduled: dict[int, tuple[str, float]] = {}
+        started: dict[int, float] = {}
+        wft_sched: dict[int, float] = {}
+        wft_started: dict[int, float] = {}
+        for ev in events:
+            et = ev.event_type
+            stats.event_types[EventType.Name(et).removeprefix("EVENT_TYPE_")] += 1
+            t = _ts(ev)
+            if et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                name = ev.activity_task_scheduled_event_attributes.activity_type.name
+                scheduled[ev.event_id] = (name, t)
+                if name == line_activity:
+                    if run.lines_first_scheduled is None:
+                        run.lines_first_scheduled = t
+                    run.lines_last_scheduled = t
+            elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                started[ev.activity_task_started_event_attributes.scheduled_event_id] = t
+            elif et in _CLOSE_TYPES:
+                sid = getattr(ev, _CLOSE_TYPES[et]).scheduled_event_id
+                name, t_sched = scheduled.get(sid, ("?", t))
+                acts = stats.activities.setdefault(name, ActivityTimes())
+                acts.count += 1
+                t_start = started.get(sid, t_sched)
+                acts.schedule_to_start_s += t_start - t_sched
+                acts.start_to_close_s += t - t_start
+                acts.schedule_to_close_s += t - t_sched
+                if acts.first_scheduled is None or t_sched < acts.first_scheduled:
+                    acts.first_scheduled = t_sched
+                if acts.last_closed is None or t > acts.last_closed:
+                    acts.last_closed = t
+                if name == line_activity:
+                    run.lines += 1
+                    run.lines_last_closed = t
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+                wft_sched[ev.event_id] = t
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                sid = ev.workflow_task_started_event_attributes.scheduled_event_id
+                wft_started[ev.event_id] = t
+                stats.wft_schedule_to_start_s += t - wft_sched.get(sid, t)
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                sid = ev.workflow_task_completed_event_attributes.started_event_id
+                stats.workflow_tasks += 1
+                stats.wft_start_to_close_s += t - wft_started.get(sid, t)
+        stats.runs.append(run)
+        last = events[-1]
+        if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            break
+        attrs = last.workflow_execution_continued_as_new_event_attributes
+        run_id = attrs.new_execution_run_id
+    return stats
+
+
+async def all_run_ids(client: Client, workflow_id: str, limit: int = MAX_RUNS_FOLLOWED) -> list:
+    """Visibility's rows for a workflow id (every continued run is its own row)."""
+    rows = []
+    async for ex in client.list_workflows(f"WorkflowId = '{workflow_id}'", limit=limit):
+        rows.append(ex)
+    return rows
+
+
+async def first_run_id(client: Client, workflow_id: str) -> str | None:
+    """The earliest run of a workflow id (by start time) according to visibility."""
+    rows = await all_run_ids(client, workflow_id)
+    if not rows:
+        return None
+    return min(rows, key=lambda ex: ex.start_time).run_id
+
+
+def as_dict(obj: Any) -> Any:
+    return asdict(obj)

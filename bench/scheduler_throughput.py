@@ -1,0 +1,541 @@
+"""Scheduler throughput: a real backfill batch through the route scheduler vs. bare Temporal.
+
+    .venv/bin/python bench/scheduler_throughput.py --lines 3000 --cap 256
+
+One run, one private dev server (headless, free port, temporary directory):
+
+1. backfill: N lines to a simulator that answers at once, through BatchWorkflow and the route's
+   RouteSchedulerWorkflow (cap = the route's max_concurrent_lines), the real worker in-process
+   (`worker.main.running_worker`). Input written through the FileStore, the workflow started with
+   the Temporal client as the api does, timed from start to result.
+2. bare: one workflow running N trivial activities with the same window in flight, its own task
+   queue and in-process worker (bench/bare_workflow.py).
+
+Then a table (or --json): lines/s, activities/s, their ratio, history events, timings read back
+from the histories (effective concurrency, per-activity latencies, continue-as-new pauses) and CPU
+seconds of this process and of the dev server. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` from a plain run
+
+from temporalio.client import Client, WorkflowHandle  # noqa: E402
+from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa: E402
+from temporalio.worker import Worker  # noqa: E402
+
+from backfill import search_attributes as sa  # noqa: E402
+from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
+from backfill.devserver import connect_client  # noqa: E402
+from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
+from backfill.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
+from backfill.sim import SimConfig, SimServer  # noqa: E402
+from backfill.store import FileStore  # noqa: E402
+from bench.bare_workflow import BareInput, BareWorkflow, noop  # noqa: E402
+from bench.common import (  # noqa: E402
+    CpuMeter,
+    CpuSpan,
+    analyze_chain,
+    clear_settings_env,
+    dev_server,
+    first_run_id,
+    log,
+)
+from worker.main import running_worker  # noqa: E402
+from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
+
+MODEL = "bench"
+WORKSPACE = "bench"
+
+
+def jsonl(n: int) -> bytes:
+    out = []
+    for i in range(n):
+        line = {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"hello {i}"}]},
+        }
+        out.append(json.dumps(line, separators=(",", ":")))
+    return ("\n".join(out) + "\n").encode()
+
+
+# ---- the simulator (in this process, or its own) ------------------------------------------------
+class Sim:
+    def __init__(self, latency_ms: float, tmp: Path, subprocess: bool) -> None:
+        self.config = SimConfig(model_names=[], latency_ms=latency_ms, max_num_seqs=1024)
+        self.subprocess = subprocess
+        self.tmp = tmp
+        self._server: SimServer | None = None
+        self._child: Child | None = None
+        self.base_url = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child else None
+
+    async def start(self) -> None:
+        if not self.subprocess:
+            self._server = SimServer(self.config)
+            await self._server.start()
+            self.base_url = self._server.base_url
+            return
+        port = free_port()
+        self._child = Child("sim")
+        argv = backfill_argv(
+            "sim",
+            "--port",
+            str(port),
+            "--any-model",
+            "--max-num-seqs",
+            str(self.config.max_num_seqs),
+            "--latency-ms",
+            str(self.config.latency_ms),
+            "--log-level",
+            "warning",
+        )
+        self._child.start(argv, log_path=self.tmp / "sim.log")
+        if not await asyncio.to_thread(wait_for_port, port, "127.0.0.1", 30.0):
+            raise RuntimeError(f"simulator did not listen: {self._child.log_tail()}")
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+        if self._child is not None:
+            await asyncio.to_thread(self._child.stop, 5.0)
+
+
+# ---- phase 1: backfill ----------------------------------------------------------------------------
+async def run_backfill(
+    client: Client,
+    tmp: Path,
+    sim: Sim,
+    meter: CpuMeter,
+    *,
+    lines: int,
+    cap: int,
+    timeout: float,
+) -> dict[str, Any]:
+    suffix = secrets.token_hex(4)
+    route_id = f"sim-{suffix}"
+    settings = Settings(
+        data_dir=tmp / "data",
+        temporal_address=client.service_client.config.target_host,
+        temporal_namespace=client.namespace,
+        task_queue=f"bench-backfill-{suffix}",
+        worker_max_concurrent_activities=max(512, 2 * cap),
+        limits=Limits(max_lines_per_batch=max(50_000, lines)),
+        models=[
+            ModelConfig(
+                id=MODEL,
+                routes=[RouteConfig(id=route_id, base_url=sim.base_url, max_concurrent_lines=cap)],
+            )
+        ],
+    )
+    store = FileStore(settings.data_dir)
+    t_up = time.monotonic()
+    up = store.begin_upload(settings.limits.max_file_bytes)
+    up.write(jsonl(lines))
+    file = up.finish(workspace=WORKSPACE, filename="bench.jsonl", purpose="batch")
+    upload_s = time.monotonic() - t_up
+
+    now = int(time.time())
+    batch_id = new_batch_id()
+    inp = BatchInput(
+        batch_id=batch_id,
+        workspace=WORKSPACE,
+        input_file_id=file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        created_at=now,
+        line_timeout_seconds=settings.limits.line_timeout_seconds,
+        max_line_retries=settings.limits.max_line_retries,
+    )
+    log(f"backfill: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
+    async with running_worker(client, settings):
+        with meter.span() as span:
+            handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+                BatchWorkflow.run,
+                inp,
+                id=batch_id,
+                task_queue=settings.task_queue,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(sa.WORKSPACE, WORKSPACE),
+                        SearchAttributePair(sa.STATUS, "validating"),
+                        SearchAttributePair(sa.ENDPOINT, "/v1/chat/completions"),
+                        SearchAttributePair(sa.CREATED_AT, now),
+                    ]
+                ),
+                memo={"workspace": WORKSPACE},
+                execution_timeout=timedelta(seconds=timeout + 60),
+            )
+            try:
+                batch = await asyncio.wait_for(handle.result(), timeout)
+            except TimeoutError:
+                await _terminate(handle, "bench timeout")
+                raise RuntimeError(f"backfill batch did not finish within {timeout:.0f}s") from None
+        log(f"backfill: {batch.status} in {span.wall_s:.2f}s; reading histories")
+    counts = batch.request_counts
+    if batch.status != "completed" or counts.completed != lines:
+        raise RuntimeError(
+            f"backfill batch ended {batch.status} with {counts.model_dump()} (expected "
+            f"{lines} completed)"
+        )
+    hist = await analyze_chain(client, batch_id, handle.first_execution_run_id, "run_line")
+    sched_id = scheduler_workflow_id(route_id)
+    sched_first = await first_run_id(client, sched_id)
+    sched = await analyze_chain(client, sched_id, sched_first, "find_closed_batches")
+    return {
+        "batch_id": batch_id,
+        "status": batch.status,
+        "request_counts": counts.model_dump(),
+        "upload_s": round(upload_s, 3),
+        "cpu": _cpu(span),
+        "lines_per_s": round(lines / span.wall_s, 1),
+        "history": hist.summary("run_line"),
+        "scheduler": {
+            "workflow_id": sched_id,
+            "runs": len(sched.runs),
+            "events": sched.total_events,
+            "event_types": dict(sched.event_types.most_common()),
+        },
+    }
+
+
+# ---- phase 2: bare Temporal -----------------------------------------------------------------------
+async def run_bare(
+    client: Client,
+    meter: CpuMeter,
+    *,
+    total: int,
+    window: int,
+    per_run: int,
+    max_concurrent_activities: int,
+    timeout: float,
+    label: str = "bare",
+) -> dict[str, Any]:
+    suffix = secrets.token_hex(4)
+    task_queue = f"bench-bare-{suffix}"
+    wf_id = f"bench-bare-{suffix}"
+    log(f"{label}: {total} trivial activities, window {window}")
+    worker = Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[BareWorkflow],
+        activities=[noop],
+        max_concurrent_activities=max_concurrent_activities,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+    )
+    async with worker:
+        with meter.span() as span:
+            handle = await client.start_workflow(
+                BareWorkflow.run,
+                BareInput(total=total, window=window, per_run=per_run),
+                id=wf_id,
+                task_queue=task_queue,
+                execution_timeout=timedelta(seconds=timeout + 60),
+            )
+            try:
+                result = await asyncio.wait_for(handle.result(), timeout)
+            except TimeoutError:
+                await _terminate(handle, "bench timeout")
+                raise RuntimeError(
+                    f"{label} workflow did not finish within {timeout:.0f}s"
+                ) from None
+    if result.done != total:
+        raise RuntimeError(f"{label}: {result.done} activities done, expected {total}")
+    log(f"{label}: done in {span.wall_s:.2f}s")
+    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, "noop")
+    return {
+        "workflow_id": wf_id,
+        "cpu": _cpu(span),
+        "activities_per_s": round(total / span.wall_s, 1),
+        "history": hist.summary("noop"),
+    }
+
+
+async def _terminate(handle: WorkflowHandle[Any, Any], reason: str) -> None:
+    try:
+        await asyncio.wait_for(handle.terminate(reason=reason), 10)
+    except Exception as err:  # best effort: the dev server goes away next anyway
+        log(f"terminate {handle.id}: {err}")
+
+
+def _cpu(span: CpuSpan) -> dict[str, float]:
+    w = span.wall_s or 1.0
+    return {
+        "wall_s": round(span.wall_s, 3),
+        "bench_process_cpu_s": round(span.bench_cpu_s, 2),
+        "server_cpu_s": round(span.server_cpu_s, 2),
+        "sim_process_cpu_s": round(span.sim_cpu_s, 2),
+        "bench_process_cores": round(span.bench_cpu_s / w, 2),
+        "server_cores": round(span.server_cpu_s / w, 2),
+    }
+
+
+# ---- component probes (where could the time go?) -------------------------------------------------
+async def probe_store(tmp: Path, n: int) -> dict[str, Any]:
+    """FileStore.commit_result (write + fsync + link), sequential, as run_line calls it."""
+    store = FileStore(tmp / "probe-store")
+    batch_id = new_batch_id()
+    record = b'{"id":"batch_req_x","custom_id":"req-0","response":{"status_code":200},"error":null}'
+    t0 = time.perf_counter()
+    for i in range(n):
+        store.commit_result(batch_id, i, record)
+    dt = time.perf_counter() - t0
+    return {"commits": n, "mean_ms": round(1000 * dt / n, 3), "per_s": round(n / dt, 1)}
+
+
+async def probe_http(base_url: str, n: int, concurrency: int) -> dict[str, Any]:
+    """n chat completions at `concurrency` with the worker's httpx settings (no Temporal)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    url = base_url.rstrip("/") + "/chat/completions"
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as http:
+
+        async def one() -> None:
+            async with sem:
+                async with http.stream(
+                    "POST", url, content=body, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+                    resp.raise_for_status()
+
+        t0 = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), 300)
+        dt = time.perf_counter() - t0
+    return {"requests": n, "concurrency": concurrency, "per_s": round(n / dt, 1)}
+
+
+# ---- main ---------------------------------------------------------------------------------------------
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    dropped = clear_settings_env()
+    if dropped:
+        log(f"ignoring environment for this bench: {', '.join(sorted(dropped))}")
+    result: dict[str, Any] = {
+        "lines": args.lines,
+        "cap": args.cap,
+        "latency_ms": args.latency_ms,
+        "lines_per_run": LINES_PER_RUN,
+        "dynamic_config": args.dynamic_config,
+        "sim_subprocess": args.sim_subprocess,
+        "db": "memory" if args.in_memory else "sqlite-file",
+    }
+    with tempfile.TemporaryDirectory(prefix="backfill-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        t0 = time.monotonic()
+        async with dev_server(
+            tmp, dynamic_config=args.dynamic_config, in_memory=args.in_memory
+        ) as server:
+            result["server_start_s"] = round(time.monotonic() - t0, 2)
+            log(f"dev server {server.address} (pid {server.pid}) ready")
+            client = await connect_client(server.address, server.namespace)
+            sim = Sim(args.latency_ms, tmp, args.sim_subprocess)
+            await sim.start()
+            try:
+                meter = CpuMeter(server.pid, sim.pid)
+                slots = max(512, 2 * args.cap)
+                if args.warmup > 0:
+                    warm = await run_bare(
+                        client,
+                        meter,
+                        total=args.warmup,
+                        window=args.cap,
+                        per_run=LINES_PER_RUN,
+                        max_concurrent_activities=slots,
+                        timeout=args.timeout,
+                        label="warmup",
+                    )
+                    result["warmup"] = {"activities": args.warmup, "cpu": warm["cpu"]}
+                if "backfill" in args.phases:
+                    result["backfill"] = await run_backfill(
+                        client,
+                        tmp,
+                        sim,
+                        meter,
+                        lines=args.lines,
+                        cap=args.cap,
+                        timeout=args.timeout,
+                    )
+                if "bare" in args.phases:
+                    result["bare"] = await run_bare(
+                        client,
+                        meter,
+                        total=args.lines,
+                        window=args.cap,
+                        per_run=LINES_PER_RUN,
+                        max_concurrent_activities=slots,
+                        timeout=args.timeout,
+                    )
+                if args.probes:
+                    log("probes: FileStore commit and httpx against the simulator")
+                    result["probes"] = {
+                        "store_commit": await probe_store(tmp, 300),
+                        "http": await probe_http(sim.base_url, min(args.lines, 2000), args.cap),
+                    }
+            finally:
+                await sim.stop()
+    if "backfill" in result and "bare" in result:
+        result["ratio"] = round(
+            result["backfill"]["lines_per_s"] / result["bare"]["activities_per_s"], 3
+        )
+    return result
+
+
+def table(r: dict[str, Any]) -> str:
+    rows: list[tuple[str, str]] = [
+        ("lines", str(r["lines"])),
+        ("cap (max_concurrent_lines / window)", str(r["cap"])),
+        ("simulator latency_ms", f"{r['latency_ms']:g}"),
+    ]
+    b, bare = r.get("backfill"), r.get("bare")
+    if b:
+        h = b["history"]
+        rows += [
+            ("backfill lines/s", f"{b['lines_per_s']:.1f}"),
+            ("backfill wall s (start → result)", f"{b['cpu']['wall_s']:.2f}"),
+        ]
+    if bare:
+        rows += [
+            ("bare activities/s", f"{bare['activities_per_s']:.1f}"),
+            ("bare wall s", f"{bare['cpu']['wall_s']:.2f}"),
+        ]
+    if "ratio" in r:
+        rows.append(("ratio backfill / bare", f"{r['ratio']:.2f}"))
+    if b:
+        h = b["history"]
+        rows += [
+            ("batch history events (all runs)", f"{h['events']} in {h['runs']} runs"),
+            ("batch events per line", f"{h['events_per_line']}"),
+            (
+                "scheduler history events",
+                f"{b['scheduler']['events']} in {b['scheduler']['runs']} run(s)",
+            ),
+            ("batch mean lines in flight", f"{h['line_mean_in_flight']}"),
+            (
+                "batch line schedule→start / start→close ms",
+                f"{h['line_mean_schedule_to_start_ms']} / {h['line_mean_start_to_close_ms']}",
+            ),
+            (
+                "batch workflow tasks (per line)",
+                f"{h['workflow_tasks']} ({h['workflow_tasks_per_line']})",
+            ),
+            (
+                "batch continue-as-new idle / drain tail s",
+                f"{h['continue_as_new_idle_s']} / {h['continue_as_new_drain_tail_s']}",
+            ),
+            (
+                "batch validate / finalize s",
+                " / ".join(
+                    str(h["other_activities"].get(n, {}).get("total_schedule_to_close_s", "-"))
+                    for n in ("validate_input", "finalize_batch")
+                ),
+            ),
+            (
+                "backfill CPU s: bench process / server",
+                f"{b['cpu']['bench_process_cpu_s']} / {b['cpu']['server_cpu_s']}",
+            ),
+        ]
+    if bare:
+        h = bare["history"]
+        rows += [
+            ("bare history events (all runs)", f"{h['events']} in {h['runs']} runs"),
+            ("bare mean activities in flight", f"{h['line_mean_in_flight']}"),
+            (
+                "bare schedule→start / start→close ms",
+                f"{h['line_mean_schedule_to_start_ms']} / {h['line_mean_start_to_close_ms']}",
+            ),
+            (
+                "bare workflow tasks (per activity)",
+                f"{h['workflow_tasks']} ({h['workflow_tasks_per_line']})",
+            ),
+            (
+                "bare continue-as-new idle / drain tail s",
+                f"{h['continue_as_new_idle_s']} / {h['continue_as_new_drain_tail_s']}",
+            ),
+            (
+                "bare CPU s: bench process / server",
+                f"{bare['cpu']['bench_process_cpu_s']} / {bare['cpu']['server_cpu_s']}",
+            ),
+        ]
+    if "probes" in r:
+        p = r["probes"]
+        rows += [
+            ("probe: store.commit_result ms (fsync)", f"{p['store_commit']['mean_ms']}"),
+            ("probe: httpx→sim req/s at cap", f"{p['http']['per_s']}"),
+        ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--lines", type=int, default=3000, help="lines in the batch (and activities)")
+    p.add_argument("--cap", type=int, default=256, help="route max_concurrent_lines (1-256)")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="simulator latency per request")
+    p.add_argument(
+        "--dynamic-config",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="passed to the dev server as --dynamic-config-value (repeatable)",
+    )
+    p.add_argument(
+        "--phases",
+        default="backfill,bare",
+        help="comma-separated subset of backfill,bare (default both, in that order)",
+    )
+    p.add_argument("--warmup", type=int, default=200, help="trivial activities run first, untimed")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per phase")
+    p.add_argument(
+        "--sim-subprocess",
+        action="store_true",
+        help="run the simulator as its own process instead of in this event loop",
+    )
+    p.add_argument("--in-memory", action="store_true", help="dev server without a SQLite file")
+    p.add_argument("--no-probes", dest="probes", action="store_false", help="skip the probes")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = p.parse_args(argv)
+    if not 1 <= args.cap <= 256:
+        p.error("--cap must be between 1 and 256 (the route's max_concurrent_lines)")
+    if args.lines < 1:
+        p.error("--lines must be at least 1")
+    args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    if not set(args.phases) <= {"backfill", "bare"} or not args.phases:
+        p.error("--phases takes backfill and/or bare")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    result = asyncio.run(main_async(args))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,442 @@
+"""The OpenAI Batches API over real HTTP: create checks, retrieve/cancel of unknown or foreign
+batches, newest-first listing past 100 batches, and input validation failing a batch before any
+line is sent. Every error is checked in OpenAI's envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+from openai.types import Batch as SDKBatch
+
+from tests.e2e.stack import Stack, jsonl, wait_terminal
+
+ALPHA, BETA, GAMMA = "sk-test-alpha", "sk-test-beta", "sk-test-gamma"
+ENDPOINT = "/v1/chat/completions"
+TINY_LINE = (
+    '{{"custom_id":"a{i}","method":"POST","url":"/v1/chat/completions",'
+    '"body":{{"model":"demo","messages":[{{"role":"user","content":"x"}}]}}}}'
+)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(tmp_path_factory: pytest.TempPathFactory, dev_server: Any) -> AsyncIterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("batches-api"), dev_server.address)
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60, trust_env=False) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def alpha_file(stack: Stack) -> str:
+    """A valid 2-line input file of workspace alpha."""
+    f = await stack.client(ALPHA).files.create(file=("two.jsonl", jsonl(2)), purpose="batch")
+    return f.id
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def finished(stack: Stack, alpha_file: str) -> SDKBatch:
+    """A completed batch of workspace alpha."""
+    client = stack.client(ALPHA)
+    b = await client.batches.create(
+        input_file_id=alpha_file, endpoint=ENDPOINT, completion_window="24h"
+    )
+    done = await wait_terminal(client, b.id, within=60)
+    assert done.status == "completed", done
+    return done
+
+
+def auth(key: str = ALPHA) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def assert_error(
+    resp: httpx.Response,
+    status: int,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    check_code: bool = True,
+) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"], err
+    assert err["type"] == "invalid_request_error", err
+    assert err["param"] == param, err
+    if check_code:
+        assert err["code"] == code, err
+    return err
+
+
+async def sim_batch_requests(stack: Stack) -> dict[str, int]:
+    async with httpx.AsyncClient(trust_env=False) as c:
+        stats = (await c.get(stack.sim.url + "/sim/stats")).json()
+    return dict(stats["batch"]["by_batch"])
+
+
+def create_body(file_id: str, **over: Any) -> dict[str, Any]:
+    return {"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": "24h", **over}
+
+
+# ---- create ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("over", "param"),
+    [
+        ({"endpoint": "/v1/responses"}, "endpoint"),
+        ({"endpoint": "/v1/chat/completions/"}, "endpoint"),
+        ({"endpoint": None}, "endpoint"),
+        ({"completion_window": "12h"}, "completion_window"),
+        ({"completion_window": "24"}, "completion_window"),
+        ({"completion_window": 24}, "completion_window"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k": 1}}, "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
+        ({"metadata": ["k", "v"]}, "metadata"),
+        ({"input_file_id": None}, "input_file_id"),
+        ({"input_file_id": ""}, "input_file_id"),
+    ],
+)
+async def test_create_rejects_bad_parameters(
+    http: httpx.AsyncClient, alpha_file: str, over: dict[str, Any], param: str
+) -> None:
+    resp = await http.post("/v1/batches", headers=auth(), json=create_body(alpha_file, **over))
+    assert_error(resp, 400, param=param)
+
+
+async def test_create_rejects_non_object_body(http: httpx.AsyncClient) -> None:
+    for content in (b"not json", b"[1, 2]", b""):
+        resp = await http.post(
+            "/v1/batches",
+            headers={**auth(), "Content-Type": "application/json"},
+            content=content,
+        )
+        assert resp.status_code == 400, resp.text
+        assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_create_with_sdk_bad_window_raises_bad_request(stack: Stack, alpha_file: str) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        await stack.client(ALPHA).batches.create(
+            input_file_id=alpha_file,
+            endpoint=ENDPOINT,
+            completion_window="12h",  # type: ignore[arg-type]
+        )
+    assert exc.value.status_code == 400 and exc.value.param == "completion_window"
+
+
+async def test_create_with_sixteen_metadata_pairs_is_accepted(
+    stack: Stack, http: httpx.AsyncClient, alpha_file: str
+) -> None:
+    meta = {f"k{i:02d}": "v" * 512 for i in range(16)}
+    meta["k" * 64] = meta.pop("k00")
+    resp = await http.post(
+        "/v1/batches", headers=auth(), json=create_body(alpha_file, metadata=meta)
+    )
+    assert resp.status_code == 200, resp.text
+    b = SDKBatch.model_validate(resp.json())
+    assert b.metadata == meta and b.status == "validating"
+    assert b.input_file_id == alpha_file and b.endpoint == ENDPOINT
+    assert b.completion_window == "24h" and b.expires_at == b.created_at + 24 * 3600
+    assert (await stack.client(ALPHA).batches.retrieve(b.id)).metadata == meta
+
+
+async def test_create_with_unknown_or_foreign_file_is_404(
+    stack: Stack, http: httpx.AsyncClient, alpha_file: str
+) -> None:
+    for file_id in ("file-doesnotexist", "nonsense", "file-../../etc"):
+        resp = await http.post("/v1/batches", headers=auth(), json=create_body(file_id))
+        assert_error(resp, 404, param="input_file_id", check_code=False)
+    # alpha's file, used by beta
+    resp = await http.post("/v1/batches", headers=auth(BETA), json=create_body(alpha_file))
+    assert_error(resp, 404, param="input_file_id", check_code=False)
+    with pytest.raises(openai.NotFoundError):
+        await stack.client(BETA).batches.create(
+            input_file_id=alpha_file, endpoint=ENDPOINT, completion_window="24h"
+        )
+    # beta made no batch out of it
+    assert (await stack.client(BETA).batches.list()).data == []
+
+
+async def test_create_from_batch_output_file_is_400(
+    stack: Stack, http: httpx.AsyncClient, finished: SDKBatch
+) -> None:
+    client = stack.client(ALPHA)
+    assert finished.output_file_id
+    out = await client.files.retrieve(finished.output_file_id)
+    assert out.purpose == "batch_output"
+    # listed under its purpose
+    outputs = await client.files.list(purpose="batch_output")
+    assert finished.output_file_id in {f.id for f in outputs.data}
+    assert all(f.purpose == "batch_output" for f in outputs.data)
+    resp = await http.post("/v1/batches", headers=auth(), json=create_body(out.id))
+    assert_error(resp, 400, param="input_file_id", check_code=False)
+    # The simulator counts requests per batch: this one sent its 2 lines (which makes the
+    # "no line was sent" checks below meaningful).
+    assert (await sim_batch_requests(stack)).get(finished.id) == 2
+
+
+# ---- retrieve / cancel -------------------------------------------------------------------------
+
+
+async def test_unknown_batch_is_404_never_500(http: httpx.AsyncClient) -> None:
+    unknown = (
+        "batch_doesnotexist",
+        "nonsense",
+        "batch_",
+        "batch_0123456789abcdef0123456789abcdef",
+        "file-abc",
+        "route-scheduler:x",
+        "batch_%27%20OR%201%3D1",
+        "x" * 300,
+    )
+    for batch_id in unknown:
+        assert_error(
+            await http.get(f"/v1/batches/{batch_id}", headers=auth()),
+            404,
+            param="batch_id",
+            check_code=False,
+        )
+        assert_error(
+            await http.post(f"/v1/batches/{batch_id}/cancel", headers=auth()),
+            404,
+            param="batch_id",
+            check_code=False,
+        )
+
+
+async def test_other_workspaces_batch_is_404_on_retrieve_and_cancel(
+    stack: Stack, http: httpx.AsyncClient, alpha_file: str, finished: SDKBatch
+) -> None:
+    alpha = stack.client(ALPHA)
+    # A batch that is not finished: alpha pauses it at once so it cannot finish meanwhile.
+    live = await alpha.batches.create(
+        input_file_id=alpha_file, endpoint=ENDPOINT, completion_window="24h"
+    )
+    paused = await http.post(f"/v1/batches/{live.id}/pause", headers=auth())
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["backfill"]["paused"] is True
+    for batch_id in (live.id, finished.id):
+        for method, path in (("GET", ""), ("POST", "/cancel")):
+            resp = await http.request(method, f"/v1/batches/{batch_id}{path}", headers=auth(BETA))
+            assert_error(resp, 404, param="batch_id", check_code=False)
+        with pytest.raises(openai.NotFoundError):
+            await stack.client(BETA).batches.retrieve(batch_id)
+        assert batch_id not in {b.id async for b in stack.client(BETA).batches.list()}
+    # beta's cancel touched nothing: the live batch is still going, and completes once resumed
+    still = await alpha.batches.retrieve(live.id)
+    assert still.status in ("validating", "in_progress") and still.cancelling_at is None, still
+    resumed = await http.post(f"/v1/batches/{live.id}/resume", headers=auth())
+    assert resumed.status_code == 200, resumed.text
+    done = await wait_terminal(alpha, live.id, within=60)
+    assert done.status == "completed" and done.cancelling_at is None
+    # The owner cancelling a finished batch is a conflict, not a 404.
+    resp = await http.post(f"/v1/batches/{finished.id}/cancel", headers=auth())
+    assert_error(resp, 409, param=None, code="invalid_batch_status")
+
+
+# ---- list --------------------------------------------------------------------------------------
+
+
+async def test_list_newest_first_pages_past_100(stack: Stack, http: httpx.AsyncClient) -> None:
+    """105 batches in workspace gamma (used by no other test): some run their one line, some
+    fail validation at once, so running and closed executions are mixed when listing."""
+    client = stack.client(GAMMA)
+    good = (await client.files.create(file=("one.jsonl", jsonl(1)), purpose="batch")).id
+    empty = (await client.files.create(file=("empty.jsonl", b""), purpose="batch")).id
+    created: list[str] = []
+    T0 = time.monotonic()
+    for i in range(105):
+        b = await client.batches.create(
+            input_file_id=empty if i % 3 == 0 else good,
+            endpoint=ENDPOINT,
+            completion_window="24h",
+            metadata={"n": str(i)},
+        )
+        created.append(b.id)
+    newest_first = created[::-1]
+    print("CREATED", time.monotonic() - T0)
+    for _ in range(5):
+        t = time.monotonic()
+        r = await http.get("/v1/batches", headers=auth(GAMMA), params={"limit": 10})
+        print("L10", time.monotonic() - t, r.json()["data"][0]["metadata"])
+    for _ in range(3):
+        t = time.monotonic()
+        r = await http.get("/v1/batches", headers=auth(GAMMA), params={"limit": 100})
+        print(
+            "L100", time.monotonic() - t, sum(b["status"] == "completed" for b in r.json()["data"])
+        )
+
+    # pages of 10 with after=last_id
+    seen: list[str] = []
+    after: str | None = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 10}
+        if after is not None:
+            params["after"] = after
+        resp = await http.get("/v1/batches", headers=auth(GAMMA), params=params)
+        assert resp.status_code == 200, resp.text
+        page = resp.json()
+        pages += 1
+        ids = [b["id"] for b in page["data"]]
+        assert page["object"] == "list"
+        assert page["first_id"] == ids[0] and page["last_id"] == ids[-1]
+        assert page["has_more"] is (pages < 11), (pages, page["has_more"])
+        assert [b["metadata"]["n"] for b in page["data"]] == [
+            str(104 - len(seen) - k) for k in range(len(ids))
+        ]
+        seen += ids
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert pages == 11
+    assert seen == newest_first
+
+    # limit=100: one page of 100 with more, then the last 5
+    first = await client.batches.list(limit=100)
+    assert [b.id for b in first.data] == newest_first[:100] and first.has_more is True
+    rest = await client.batches.list(limit=100, after=first.data[-1].id)
+    assert [b.id for b in rest.data] == newest_first[100:] and rest.has_more is False
+    # a page ending exactly at the oldest batch has no more
+    exact = await client.batches.list(limit=5, after=newest_first[99])
+    assert [b.id for b in exact.data] == newest_first[100:] and exact.has_more is False
+
+    # default limit is 20
+    default = (await http.get("/v1/batches", headers=auth(GAMMA))).json()
+    assert [b["id"] for b in default["data"]] == newest_first[:20] and default["has_more"]
+
+    # the SDK's auto-pagination yields every id exactly once, in order
+    assert [b.id async for b in client.batches.list(limit=30)] == newest_first
+
+    # other workspaces see none of them
+    assert not set(created) & {b.id async for b in stack.client(BETA).batches.list(limit=100)}
+
+    # bad paging parameters
+    for params, param in (
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"after": "batch_doesnotexist"}, "after"),
+    ):
+        resp = await http.get("/v1/batches", headers=auth(GAMMA), params=params)
+        assert_error(resp, 400, param=param)
+    # paging after another workspace's batch is refused like an unknown id
+    resp = await http.get("/v1/batches", headers=auth(BETA), params={"after": created[0]})
+    assert_error(resp, 400, param="after")
+
+
+# ---- validation failures, end to end -----------------------------------------------------------
+
+
+async def test_invalid_inputs_fail_the_batch_and_send_nothing(stack: Stack) -> None:
+    client = stack.client(ALPHA)
+    many = ("\n".join(TINY_LINE.format(i=i) for i in range(50_001)) + "\n").encode()
+    assert many.count(b"\n") == 50_001
+    latin1 = "\n".join(
+        json.dumps(
+            {
+                "custom_id": f"caf\u00e9-{i}",
+                "method": "POST",
+                "url": ENDPOINT,
+                "body": {
+                    "model": "demo",
+                    "messages": [{"role": "user", "content": "d\u00e9j\u00e0"}],
+                },
+            },
+            ensure_ascii=False,
+        )
+        for i in range(3)
+    ).encode("latin-1")
+    lines = [
+        TINY_LINE.format(i=1),
+        TINY_LINE.format(i=2),
+        TINY_LINE.format(i=1),  # duplicate custom_id, line 3
+        TINY_LINE.format(i=4).replace('"/v1/chat/completions"', '"/v1/embeddings"'),  # line 4
+        TINY_LINE.format(i=5),
+    ]
+    mixed = ("\n".join(lines) + "\n").encode()
+    inputs = {"empty": b"", "latin1": latin1, "many": many, "mixed": mixed}
+
+    batches: dict[str, str] = {}
+    for name, data in inputs.items():
+        f = await client.files.create(file=(f"{name}.jsonl", data), purpose="batch")
+        assert f.bytes == len(data)
+        b = await client.batches.create(
+            input_file_id=f.id, endpoint=ENDPOINT, completion_window="24h"
+        )
+        batches[name] = b.id
+    done = dict(
+        zip(
+            batches,
+            await asyncio.gather(*(wait_terminal(client, i, within=60) for i in batches.values())),
+            strict=True,
+        )
+    )
+
+    for name, b in done.items():
+        assert b.status == "failed", (name, b)
+        assert b.failed_at and b.in_progress_at is None and b.completed_at is None, b
+        assert b.output_file_id is None and b.error_file_id is None, b
+        assert b.request_counts is None or b.request_counts.completed == 0, b
+        assert b.errors and b.errors.object == "list", b
+
+    def codes(b: SDKBatch) -> list[tuple[str | None, int | None, str | None]]:
+        assert b.errors and b.errors.data
+        return [(e.code, e.line, e.param) for e in b.errors.data]
+
+    assert codes(done["empty"]) == [("empty_file", None, None)]
+    assert codes(done["latin1"])[0] == ("invalid_json_line", 1, None)
+    assert codes(done["many"]) == [("too_many_requests", 50_001, None)]
+    assert codes(done["mixed"]) == [
+        ("duplicate_custom_id", 3, "custom_id"),
+        ("url_mismatch", 4, "url"),
+    ]
+    for b in done.values():
+        assert b.errors and all(e.message for e in b.errors.data)
+
+    # Not one line of any of them reached the model server.
+    sent = await sim_batch_requests(stack)
+    assert {name: sent.get(i, 0) for name, i in batches.items()} == dict.fromkeys(batches, 0)
+
+    # The failed batch reads the same over raw HTTP, errors in OpenAI's shape.
+    async with httpx.AsyncClient(base_url=stack.api_url, trust_env=False) as http:
+        raw = (await http.get(f"/v1/batches/{batches['mixed']}", headers=auth())).json()
+    assert raw["status"] == "failed"
+    assert raw["errors"]["object"] == "list"
+    assert [(e["code"], e["line"]) for e in raw["errors"]["data"]] == [
+        ("duplicate_custom_id", 3),
+        ("url_mismatch", 4),
+    ]
+    assert time.time() - raw["failed_at"] < 120
+
+
+# ---- health and metrics ------------------------------------------------------------------------
+
+
+async def test_healthz_and_metrics(http: httpx.AsyncClient) -> None:
+    resp = await http.get("/healthz")
+    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    resp = await http.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain")
+    assert "# TYPE " in resp.text

@@ -1,0 +1,216 @@
+"""The route scheduler on the real stack: a global cap across batches, workers and
+workspaces, shared fairly, changed at run time, with a small history."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest_asyncio
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from backfill.ids import scheduler_workflow_id
+from backfill.sim import SimConfig
+from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
+from workflows.scheduler import RouteSchedulerWorkflow, SchedulerStatus
+
+ADMIN = {"Authorization": "Bearer sk-test-admin"}
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def two_workers(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
+    s = Stack(tmp_path, dev_server.address, cap=4, sim=SimConfig(model_names=[], latency_ms=300))
+    await s.start(workers=2)
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def scheduler_status(client: Client, route_id: str) -> SchedulerStatus:
+    """The scheduler's status query (waiting for the scheduler to be started lazily)."""
+    handle = client.get_workflow_handle_for(
+        RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
+    )
+    for _ in range(200):
+        try:
+            return await handle.query(RouteSchedulerWorkflow.status)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"no scheduler for {route_id}")
+
+
+def batch_concurrency(stack: Stack) -> int:
+    return int(stack.sim.app.stats_dict()["batch"]["concurrent"])
+
+
+async def test_cap_holds_across_workers_workspaces_and_batches(
+    two_workers: Stack, temporal_client: Client
+) -> None:
+    stack = two_workers
+    keys = ["sk-test-alpha", "sk-test-beta", "sk-test-gamma"]
+    sizes = [24, 12, 12, 8, 16, 12, 12]
+    ids = [await submit(stack, n, key=keys[i % 3], prefix=f"b{i}") for i, n in enumerate(sizes)]
+    samples: list[int] = []
+    allotted: list[tuple[int, int]] = []  # (slots held, lines queued beyond allotments)
+    queued_seen: list[dict[str, Any]] = []
+    clients = {k: stack.client(k) for k in keys}
+    done: set[str] = set()
+    deadline = time.monotonic() + 240
+    while len(done) < len(ids) and time.monotonic() < deadline:
+        for _ in range(25):  # sample the upstream often, the api (queries) less often
+            samples.append(batch_concurrency(stack))
+            await asyncio.sleep(0.02)
+        st = await scheduler_status(temporal_client, stack.route_id)
+        allotted.append((st.held, st.queued_lines))
+        for i, batch_id in enumerate(ids):
+            if batch_id in done:
+                continue
+            b = await clients[keys[i % 3]].batches.retrieve(batch_id)
+            ext = (b.model_extra or {})["backfill"]
+            if ext["summary"] == "Queued — waiting for capacity":
+                queued_seen.append(ext)
+            if b.status in ("completed", "failed", "expired", "cancelled"):
+                done.add(batch_id)
+    assert len(done) == len(ids)
+    stats = stack.sim.app.stats_dict()
+    assert stats["batch"]["peak_concurrent"] <= 4, stats["batch"]
+    assert stats["batch"]["requests_total"] >= sum(sizes)
+    # While demand exceeded the cap, the route stayed full: every slot held by a batch...
+    assert [a for a, queued in allotted if queued > 0 and a < 4] == [], allotted
+    # ...and busy upstream (each handover costs a Temporal round trip, tens of ms here).
+    busy = samples[len(samples) // 10 : len(samples) // 2]
+    assert statistics.mean(busy) >= 2.4, busy
+    # A batch held back showed why, per route, with its place in the queue.
+    assert queued_seen, "no batch was ever seen waiting"
+    reasons = {r["reason"] for ext in queued_seen for r in ext["routes"]}
+    assert reasons & {"Other batches' turn", "At its batch limit"}, reasons
+    positions = [r["queue_position"] for ext in queued_seen for r in ext["routes"]]
+    assert any(p and p >= 1 for p in positions), positions
+    for i, batch_id in enumerate(ids):
+        b = await clients[keys[i % 3]].batches.retrieve(batch_id)
+        assert b.status == "completed"
+        got, errors = await output_ids(clients[keys[i % 3]], b)
+        assert sorted(got) == sorted(f"b{i}-{j}" for j in range(sizes[i])) and not errors
+
+
+async def test_late_workspace_gets_half_the_slots(
+    two_workers: Stack, temporal_client: Client
+) -> None:
+    stack = two_workers
+    big = await submit(stack, 2000, key="sk-test-alpha", prefix="big")
+    # The first workspace alone takes every slot...
+    while (await scheduler_status(temporal_client, stack.route_id)).allotted < 4:
+        await asyncio.sleep(0.05)
+    st = await scheduler_status(temporal_client, stack.route_id)
+    assert [b.allotment for b in st.batches if b.batch_id == big] == [4]
+    # ...until a second workspace arrives: then each gets half.
+    small = await submit(stack, 200, key="sk-test-beta", prefix="small")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = await scheduler_status(temporal_client, stack.route_id)
+        shares = {b.batch_id: b.allotment for b in st.batches}
+        if shares.get(small) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert shares == {big: 2, small: 2}, st
+    # And the upstream sees it: the small batch really runs two lines at once.
+    peak_small = 0
+    for _ in range(40):
+        b = await stack.client("sk-test-beta").batches.retrieve(small)
+        for r in (b.model_extra or {})["backfill"]["routes"]:
+            peak_small = max(peak_small, r["running_lines"])
+        await asyncio.sleep(0.05)
+    assert peak_small == 2
+    assert stack.sim.app.stats_dict()["batch"]["peak_concurrent"] <= 4
+    for batch_id, key in ((big, "sk-test-alpha"), (small, "sk-test-beta")):
+        await stack.client(key).batches.cancel(batch_id)
+        assert (await wait_terminal(stack.client(key), batch_id, within=60)).status == "cancelled"
+
+
+async def test_cap_change_at_run_time(two_workers: Stack) -> None:
+    stack = two_workers
+    url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
+    batch_id = await submit(stack, 3000, prefix="cap")
+    async with httpx.AsyncClient(headers=ADMIN) as http:
+        while batch_concurrency(stack) < 4:
+            await asyncio.sleep(0.02)
+        # Raise: the new slots fill within 2 s, without restarting anything.
+        t0 = time.monotonic()
+        r = await http.put(url, json={"max_concurrent_lines": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["settings"]["max_concurrent_lines"] == 8
+        while batch_concurrency(stack) < 8:
+            assert time.monotonic() - t0 < 2.0, "raised cap not filled within 2 s"
+            await asyncio.sleep(0.01)
+        # Lower: once the lines above the new cap finish, never more than the new cap.
+        r = await http.put(url, json={"max_concurrent_lines": 1})
+        assert r.status_code == 200
+        while batch_concurrency(stack) > 1:
+            await asyncio.sleep(0.01)
+        await http.post(f"{stack.sim.url}/sim/stats/reset")
+        samples = []
+        for _ in range(60):
+            samples.append(batch_concurrency(stack))
+            await asyncio.sleep(0.02)
+        assert max(samples) <= 1 and stack.sim.app.stats_dict()["batch"]["peak_concurrent"] <= 1
+        doc = (await http.get(url)).json()
+        assert doc["settings"]["max_concurrent_lines"] == 1 and doc["status"]["limit"] == 1
+        bad = await http.put(url, json={"max_concurrent_lines": 0})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_concurrent_lines"
+        r = await http.put(url, json={"max_concurrent_lines": 4})
+        assert r.status_code == 200
+    await stack.client().batches.cancel(batch_id)
+    assert (await wait_terminal(stack.client(), batch_id, within=60)).status == "cancelled"
+
+
+async def test_terminated_batch_slots_are_reclaimed(
+    two_workers: Stack, temporal_client: Client
+) -> None:
+    stack = two_workers
+    hog = await submit(stack, 1000, key="sk-test-alpha", prefix="hog")
+    while (await scheduler_status(temporal_client, stack.route_id)).allotted < 4:
+        await asyncio.sleep(0.05)
+    waiter = await submit(stack, 100, key="sk-test-alpha", prefix="waiter")
+    while True:  # the two batches of one workspace share the cap
+        shares = {
+            b.batch_id: b.allotment
+            for b in (await scheduler_status(temporal_client, stack.route_id)).batches
+        }
+        if shares.get(waiter) == 2:
+            break
+        await asyncio.sleep(0.05)
+    # An operator terminates the hog from the Temporal UI: no goodbye signal is ever sent.
+    await temporal_client.get_workflow_handle(hog).terminate(reason="test")
+    t0 = time.monotonic()
+    while True:
+        st = await scheduler_status(temporal_client, stack.route_id)
+        shares = {b.batch_id: b.allotment for b in st.batches}
+        if hog not in shares and shares.get(waiter) == 4:
+            break
+        assert time.monotonic() - t0 < 20, st
+        await asyncio.sleep(0.1)
+    b = await stack.client().batches.retrieve(hog)
+    assert b.status == "cancelled"
+    assert (await wait_terminal(stack.client(), waiter, within=60)).status == "completed"
+
+
+async def test_scheduler_history_stays_small(two_workers: Stack, temporal_client: Client) -> None:
+    stack = two_workers
+    stack.sim.app.config.latency_ms = 0
+    batch_id = await submit(stack, 2000, prefix="hist")
+    batch = await wait_terminal(stack.client(), batch_id, within=300)
+    assert batch.status == "completed" and batch.request_counts.completed == 2000
+    handle = temporal_client.get_workflow_handle(scheduler_workflow_id(stack.route_id))
+    desc = await handle.describe()
+    # Lines completing add nothing to the scheduler's history: only arrivals, demand changes,
+    # allotment signals and reconciliation timers do.
+    assert desc.raw_description.workflow_execution_info.history_length < 400, desc
