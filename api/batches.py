@@ -89,8 +89,10 @@ async def create_batch(
             f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.",
             param="input_file_id",
         )
-    now = int(time.time())
-    batch_id = new_batch_id()
+    # One clock reading for both, so newest-first by (created_at, id) matches creation order.
+    now_ms = int(time.time() * 1000)
+    now = now_ms // 1000
+    batch_id = new_batch_id(now_ms)
     allowed = None
     inp = BatchInput(
         batch_id=batch_id,
