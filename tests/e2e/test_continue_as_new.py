@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 import pytest_asyncio
 
 from backfill.devserver import DevServer, connect_client, free_port
