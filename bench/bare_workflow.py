@@ -43,10 +43,10 @@ class BareWorkflow:
         done = inp.done
         this_run = 0
         draining = False
-        pending: set[asyncio.Future[int]] = set()
+        pending: list[asyncio.Future[int]] = []
         while True:
             while not draining and len(pending) < inp.window and next_i < inp.total:
-                pending.add(
+                pending.append(
                     asyncio.ensure_future(
                         workflow.execute_activity(
                             noop,

@@ -70,7 +70,7 @@ async def dev_server(
         await asyncio.to_thread(server.stop)
 
 
-# ---- CPU accounting -----------------------------------------------------------------------------
+# ---- CPU accounting ------------------------------------------------------------------------------
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -122,7 +122,7 @@ class CpuMeter:
             out.sim_cpu_s = proc_cpu_seconds(self.sim_pid) - m0
 
 
-# ---- histories ------------------------------------------------------------------------------------
+# ---- histories -----------------------------------------------------------------------------------
 def _ts(ev: Any) -> float:
     return float(ev.event_time.ToMicroseconds()) / 1e6
 
@@ -326,3 +326,46 @@ async def first_run_id(client: Client, workflow_id: str) -> str | None:
 
 def as_dict(obj: Any) -> Any:
     return asdict(obj)
+
+
+async def await_result(
+    client: Client,
+    handle: Any,
+    deadline_s: float,
+    *,
+    poll_s: float = 3.0,
+    max_wft_attempts: int = 3,
+) -> Any:
+    """The workflow's result (following continue-as-new), within `deadline_s` seconds.
+
+    Meanwhile the latest run is described every `poll_s` seconds: a workflow task that keeps
+    failing (a bug, not slowness) ends the wait early with an error instead of spinning until
+    the timeout. On any error the workflow is terminated (best effort)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    result_task = asyncio.ensure_future(handle.result())
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"{handle.id} did not finish within {deadline_s:.0f}s")
+            done, _ = await asyncio.wait({result_task}, timeout=min(poll_s, remaining))
+            if done:
+                return result_task.result()
+            desc = await client.get_workflow_handle(handle.id).describe()
+            attempt = desc.raw_description.pending_workflow_task.attempt
+            if attempt >= max_wft_attempts:
+                raise RuntimeError(
+                    f"{handle.id}: workflow task failing (attempt {attempt}); see the worker log"
+                )
+    except BaseException:
+        result_task.cancel()
+        try:
+            await asyncio.wait_for(
+                client.get_workflow_handle(handle.id).terminate(reason="bench aborted"), 10
+            )
+        except Exception as err:  # already closed, or the server is going away
+            log(f"terminate {handle.id}: {type(err).__name__}")
+        raise

@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     CpuMeter,
     CpuSpan,
     analyze_chain,
+    await_result,
     clear_settings_env,
     dev_server,
     first_run_id,
@@ -72,7 +73,7 @@ def jsonl(n: int) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-# ---- the simulator (in this process, or its own) ------------------------------------------------
+# ---- the simulator (in this process, or its own) -------------------------------------------------
 class Sim:
     def __init__(self, latency_ms: float, tmp: Path, subprocess: bool) -> None:
         self.config = SimConfig(model_names=[], latency_ms=latency_ms, max_num_seqs=1024)
@@ -118,7 +119,7 @@ class Sim:
             await asyncio.to_thread(self._child.stop, 5.0)
 
 
-# ---- phase 1: backfill ----------------------------------------------------------------------------
+# ---- phase 1: backfill ---------------------------------------------------------------------------
 async def run_backfill(
     client: Client,
     tmp: Path,
@@ -127,7 +128,7 @@ async def run_backfill(
     *,
     lines: int,
     cap: int,
-    timeout: float,
+    deadline_s: float,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     route_id = f"sim-{suffix}"
@@ -181,13 +182,9 @@ async def run_backfill(
                     ]
                 ),
                 memo={"workspace": WORKSPACE},
-                execution_timeout=timedelta(seconds=timeout + 60),
+                execution_timeout=timedelta(seconds=deadline_s + 60),
             )
-            try:
-                batch = await asyncio.wait_for(handle.result(), timeout)
-            except TimeoutError:
-                await _terminate(handle, "bench timeout")
-                raise RuntimeError(f"backfill batch did not finish within {timeout:.0f}s") from None
+            batch = await await_result(client, handle, deadline_s)
         log(f"backfill: {batch.status} in {span.wall_s:.2f}s; reading histories")
     counts = batch.request_counts
     if batch.status != "completed" or counts.completed != lines:
@@ -216,7 +213,7 @@ async def run_backfill(
     }
 
 
-# ---- phase 2: bare Temporal -----------------------------------------------------------------------
+# ---- phase 2: bare Temporal ----------------------------------------------------------------------
 async def run_bare(
     client: Client,
     meter: CpuMeter,
@@ -225,7 +222,7 @@ async def run_bare(
     window: int,
     per_run: int,
     max_concurrent_activities: int,
-    timeout: float,
+    deadline_s: float,
     label: str = "bare",
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
@@ -247,15 +244,9 @@ async def run_bare(
                 BareInput(total=total, window=window, per_run=per_run),
                 id=wf_id,
                 task_queue=task_queue,
-                execution_timeout=timedelta(seconds=timeout + 60),
+                execution_timeout=timedelta(seconds=deadline_s + 60),
             )
-            try:
-                result = await asyncio.wait_for(handle.result(), timeout)
-            except TimeoutError:
-                await _terminate(handle, "bench timeout")
-                raise RuntimeError(
-                    f"{label} workflow did not finish within {timeout:.0f}s"
-                ) from None
+            result = await await_result(client, handle, deadline_s)
     if result.done != total:
         raise RuntimeError(f"{label}: {result.done} activities done, expected {total}")
     log(f"{label}: done in {span.wall_s:.2f}s")
@@ -266,13 +257,6 @@ async def run_bare(
         "activities_per_s": round(total / span.wall_s, 1),
         "history": hist.summary("noop"),
     }
-
-
-async def _terminate(handle: WorkflowHandle[Any, Any], reason: str) -> None:
-    try:
-        await asyncio.wait_for(handle.terminate(reason=reason), 10)
-    except Exception as err:  # best effort: the dev server goes away next anyway
-        log(f"terminate {handle.id}: {err}")
 
 
 def _cpu(span: CpuSpan) -> dict[str, float]:
@@ -325,7 +309,7 @@ async def probe_http(base_url: str, n: int, concurrency: int) -> dict[str, Any]:
     return {"requests": n, "concurrency": concurrency, "per_s": round(n / dt, 1)}
 
 
-# ---- main ---------------------------------------------------------------------------------------------
+# ---- main ----------------------------------------------------------------------------------------
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     dropped = clear_settings_env()
     if dropped:
@@ -361,7 +345,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         window=args.cap,
                         per_run=LINES_PER_RUN,
                         max_concurrent_activities=slots,
-                        timeout=args.timeout,
+                        deadline_s=args.timeout,
                         label="warmup",
                     )
                     result["warmup"] = {"activities": args.warmup, "cpu": warm["cpu"]}
@@ -373,7 +357,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         meter,
                         lines=args.lines,
                         cap=args.cap,
-                        timeout=args.timeout,
+                        deadline_s=args.timeout,
                     )
                 if "bare" in args.phases:
                     result["bare"] = await run_bare(
@@ -383,7 +367,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         window=args.cap,
                         per_run=LINES_PER_RUN,
                         max_concurrent_activities=slots,
-                        timeout=args.timeout,
+                        deadline_s=args.timeout,
                     )
                 if args.probes:
                     log("probes: FileStore commit and httpx against the simulator")
@@ -524,12 +508,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def _guarded(coro: Any) -> Any:
+    """Run coro; SIGTERM/SIGHUP cancel it, so the dev server and simulator are still stopped."""
+    import signal
+
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, task.cancel)
+    return await task
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import logging
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    result = asyncio.run(main_async(args))
+    result = asyncio.run(_guarded(main_async(args)))
     if args.json:
         print(json.dumps(result, indent=2))
     else:

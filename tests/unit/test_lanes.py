@@ -1,0 +1,111 @@
+"""The batch's per-route bookkeeping: what may start, requeues, shrinks, demand reports."""
+
+from __future__ import annotations
+
+from workflows.lanes import Lane, demand_to_report
+from workflows.scheduler import BatchSlot, RouteSettings, SchedulerInput, scheduler_status
+
+
+def lane(total: int = 10, **kw: object) -> Lane:
+    return Lane(index=0, route_id="r", model="m", total=total, **kw)  # type: ignore[arg-type]
+
+
+def test_lines_start_only_within_the_allotment() -> None:
+    ln = lane()
+    assert not ln.can_start(0)  # no allotment yet: nothing runs
+    ln.set_allotment(1, 2)
+    started = []
+    while ln.can_start(0):
+        started.append(ln.take())
+    assert started == [(0, 0), (1, 0)] and ln.running == 2
+
+
+def test_requeued_lines_go_first_with_their_attempts() -> None:
+    ln = lane()
+    ln.set_allotment(1, 3)
+    ln.take()
+    ln.take()
+    ln.requeue(1, 2)
+    ln.running -= 1
+    assert ln.take() == (1, 2)
+    assert ln.take() == (2, 0)
+
+
+def test_backoff_blocks_starts_until_it_passes_and_doubles() -> None:
+    ln = lane()
+    ln.set_allotment(1, 2)
+    ln.back_off(100.0)
+    assert not ln.can_start(100.5) and ln.can_start(101.0)
+    ln.back_off(101.0)
+    assert ln.backoff_until == 103.0
+    for _ in range(20):
+        ln.back_off(0.0)
+    assert ln.backoff_until == 60.0
+
+
+def test_stale_allotments_are_ignored_and_shrinks_need_ack() -> None:
+    ln = lane()
+    ln.set_allotment(2, 4)
+    ln.set_allotment(1, 1)  # older epoch arrives late
+    assert ln.allotment == 4 and ln.unacked_epoch is None
+    ln.set_allotment(3, 2)
+    assert ln.allotment == 2 and ln.unacked_epoch == 3
+    ln.set_allotment(4, 3)  # a raise while a shrink is unacknowledged: ack the newest
+    assert ln.unacked_epoch == 4
+
+
+def test_allotment_never_exceeds_reported_demand() -> None:
+    ln = lane(reported=1)
+    ln.set_allotment(1, 4)
+    assert ln.allotment == 1
+
+
+def test_stopped_lane_has_nothing_pending() -> None:
+    ln = lane()
+    ln.stop()
+    assert ln.pending_count() == 0 and not ln.can_start(0)
+
+
+def test_demand_first_report_rises_and_final_zero() -> None:
+    ln = lane(total=100)
+    assert demand_to_report(ln, halt=False) == 100
+    ln.reported = 100
+    ln.allotment = 4
+    assert demand_to_report(ln, halt=False) is None  # unchanged
+    ln.next_pos, ln.finished = 99, 99
+    assert demand_to_report(ln, halt=False) == 1  # below the allotment: worth saying
+    ln.reported, ln.allotment = 1, 1
+    ln.finished, ln.next_pos = 100, 100
+    assert demand_to_report(ln, halt=False) == 0
+
+
+def test_demand_falls_are_reported_logarithmically() -> None:
+    ln = lane(total=0, reported=256, allotment=256)
+    reports = 0
+    for running in range(255, -1, -1):
+        ln.running = running
+        wanted = demand_to_report(ln, halt=True)
+        if wanted is not None:
+            reports += 1
+            ln.reported = wanted
+            ln.allotment = min(ln.allotment, wanted)
+    assert ln.reported == 0
+    assert reports <= 25, reports
+
+
+def test_pause_reports_only_running_lines() -> None:
+    ln = lane(total=50, reported=50, allotment=4, running=3, next_pos=3)
+    assert demand_to_report(ln, halt=True) == 3
+
+
+def test_scheduler_status_reasons_and_queue_positions() -> None:
+    s = SchedulerInput(route_id="r", settings=RouteSettings(max_concurrent_lines=2))
+    s.batches = {
+        "a": BatchSlot(batch_id="a", workspace="w1", wanted=10, allotment=2, held=2, arrived=1),
+        "b": BatchSlot(batch_id="b", workspace="w2", wanted=5, allotment=0, held=0, arrived=2),
+    }
+    st = scheduler_status(s)
+    by_id = {b.batch_id: b for b in st.batches}
+    assert by_id["b"].reason == "Other batches' turn" and by_id["b"].queue_position is not None
+    assert by_id["a"].reason == "At its batch limit"
+    assert st.queued_lines == 8 + 5 and st.held == 2 and st.limit == 2
