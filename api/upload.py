@@ -60,9 +60,12 @@ async def read_upload(request: Request, store: FileStore, max_bytes: int) -> Par
         name = disp.get(b"name", b"").decode(errors="replace")
         part["name"] = name
         if b"filename" in disp and name == "file":
+            if out.upload is not None:
+                # A second file would be appended to the first: refuse instead.
+                errors.append(InvalidRequest("Only one 'file' part is allowed.", param="file"))
+                return
             out.filename = disp[b"filename"].decode(errors="replace")[:256] or out.filename
-            if out.upload is None:
-                out.upload = store.begin_upload(max_bytes)
+            out.upload = store.begin_upload(max_bytes)
             part["file"] = True
 
     def on_part_data(data: bytes, start: int, end: int) -> None:

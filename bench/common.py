@@ -96,23 +96,28 @@ def self_cpu_seconds() -> float:
 
 @dataclass
 class CpuSpan:
-    """Wall and CPU time over one phase: this process and the dev server (and a sim process)."""
+    """Wall and CPU time over one phase: this process, the dev server, and helper processes
+    (a simulator process, an activity-worker process) when there are any."""
 
     wall_s: float = 0.0
     bench_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
     sim_cpu_s: float = 0.0
+    activity_worker_cpu_s: float = 0.0
 
 
 class CpuMeter:
     def __init__(self, server_pid: int | None, sim_pid: int | None = None) -> None:
         self.server_pid, self.sim_pid = server_pid, sim_pid
+        self.activity_worker_pid: int | None = None
 
     @contextlib.contextmanager
     def span(self) -> Iterator[CpuSpan]:
         out = CpuSpan()
         w0, b0 = time.monotonic(), self_cpu_seconds()
         s0, m0 = proc_cpu_seconds(self.server_pid), proc_cpu_seconds(self.sim_pid)
+        a_pid = self.activity_worker_pid
+        a0 = proc_cpu_seconds(a_pid)
         try:
             yield out
         finally:
@@ -120,6 +125,7 @@ class CpuMeter:
             out.bench_cpu_s = self_cpu_seconds() - b0
             out.server_cpu_s = proc_cpu_seconds(self.server_pid) - s0
             out.sim_cpu_s = proc_cpu_seconds(self.sim_pid) - m0
+            out.activity_worker_cpu_s = proc_cpu_seconds(a_pid) - a0
 
 
 # ---- histories -----------------------------------------------------------------------------------
@@ -174,6 +180,11 @@ class HistoryStats:
     workflow_tasks: int = 0
     wft_schedule_to_start_s: float = 0.0
     wft_start_to_close_s: float = 0.0
+    wft_timeouts: int = 0
+    wft_timeout_waits_s: float = 0.0
+    """Time workflow tasks sat scheduled until they timed out (schedule-to-start on the sticky
+    queue: the worker did not pick them up), summed."""
+    wft_failures: int = 0
 
     @property
     def total_events(self) -> int:
@@ -210,6 +221,9 @@ class HistoryStats:
             ),
             "wft_mean_start_to_close_ms": _mean_ms(self.wft_start_to_close_s, self.workflow_tasks),
             "wft_busy_s": round(self.wft_start_to_close_s, 2),
+            "wft_timeouts": self.wft_timeouts,
+            "wft_timeout_waits_s": round(self.wft_timeout_waits_s, 2),
+            "wft_failures": self.wft_failures,
             "line_activities": acts.count,
             "line_span_s": round(acts.span_s, 3),
             "line_mean_in_flight": round(acts.mean_in_flight, 1),
@@ -231,6 +245,11 @@ class HistoryStats:
         }
 
 
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def _mean_ms(total_s: float, n: int) -> float:
     return round(1000.0 * total_s / n, 2) if n else 0.0
 
@@ -244,7 +263,11 @@ _CLOSE_TYPES = {
 
 
 async def analyze_chain(
-    client: Client, workflow_id: str, first_run_id: str | None, line_activity: str
+    client: Client,
+    workflow_id: str,
+    first_run_id: str | None,
+    line_activity: str,
+    dump_dir: Path | None = None,
 ) -> HistoryStats:
     """Read every run of a workflow, following continue-as-new from `first_run_id` (exact; no
     dependence on visibility lag), and gather event counts and activity / workflow-task timings."""
@@ -253,6 +276,9 @@ async def analyze_chain(
     for _ in range(MAX_RUNS_FOLLOWED):
         history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
         events = list(history.events)
+        if dump_dir is not None:
+            name = workflow_id.replace(":", "_")
+            _write(dump_dir / f"{name}.run{len(stats.runs)}.json", history.to_json())
         if not events:
             break
         run = RunStats(run_id or "", len(events), _ts(events[0]), _ts(events[-1]))
@@ -295,6 +321,12 @@ async def analyze_chain(
                 sid = ev.workflow_task_started_event_attributes.scheduled_event_id
                 wft_started[ev.event_id] = t
                 stats.wft_schedule_to_start_s += t - wft_sched.get(sid, t)
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                attrs_to = ev.workflow_task_timed_out_event_attributes
+                stats.wft_timeouts += 1
+                stats.wft_timeout_waits_s += t - wft_sched.get(attrs_to.scheduled_event_id, t)
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                stats.wft_failures += 1
             elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                 sid = ev.workflow_task_completed_event_attributes.started_event_id
                 stats.workflow_tasks += 1
@@ -339,13 +371,15 @@ async def await_result(
     """The workflow's result (following continue-as-new), within `deadline_s` seconds.
 
     Meanwhile the latest run is described every `poll_s` seconds: a workflow task that keeps
-    failing (a bug, not slowness) ends the wait early with an error instead of spinning until
-    the timeout. On any error the workflow is terminated (best effort)."""
+    failing (a bug, not slowness: its last attempt ended WORKFLOW_TASK_FAILED) ends the wait
+    early with the failure's message instead of spinning until the timeout; repeated timeouts
+    are only logged. On any error the workflow is terminated (best effort)."""
     import asyncio
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + deadline_s
     result_task = asyncio.ensure_future(handle.result())
+    last_attempt = 0
     try:
         while True:
             remaining = deadline - loop.time()
@@ -356,10 +390,17 @@ async def await_result(
                 return result_task.result()
             desc = await client.get_workflow_handle(handle.id).describe()
             attempt = desc.raw_description.pending_workflow_task.attempt
-            if attempt >= max_wft_attempts:
-                raise RuntimeError(
-                    f"{handle.id}: workflow task failing (attempt {attempt}); see the worker log"
-                )
+            if attempt >= max_wft_attempts and attempt != last_attempt:
+                last_attempt = attempt
+                failure = await _last_wft_failure(client, handle.id)
+                # UNHANDLED_COMMAND is the server's "new events arrived, decide again": not a bug.
+                if failure is not None and not failure.startswith(
+                    "WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND"
+                ):
+                    raise RuntimeError(
+                        f"{handle.id}: workflow task failing (attempt {attempt}): {failure}"
+                    )
+                log(f"{handle.id}: workflow task attempt {attempt}: {failure or 'timed out'}")
     except BaseException:
         result_task.cancel()
         try:
@@ -369,3 +410,21 @@ async def await_result(
         except Exception as err:  # already closed, or the server is going away
             log(f"terminate {handle.id}: {type(err).__name__}")
         raise
+
+
+async def _last_wft_failure(client: Client, workflow_id: str) -> str | None:
+    """The failure message of the latest run's last workflow task, if that task failed."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    for ev in reversed(list(history.events)):
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            from temporalio.api.enums.v1 import WorkflowTaskFailedCause
+
+            a = ev.workflow_task_failed_event_attributes
+            cause = WorkflowTaskFailedCause.Name(a.cause)
+            return f"{cause}: {a.failure.message} {a.failure.stack_trace[-1500:]}".strip()
+        if ev.event_type in (
+            EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+            EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+        ):
+            return None
+    return None

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import secrets
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` fro
 
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa: E402
-from temporalio.worker import Worker  # noqa: E402
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker  # noqa: E402
 
 from backfill import search_attributes as sa  # noqa: E402
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
@@ -42,6 +46,7 @@ from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
 from backfill.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
 from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
+from bench.ablate import ABLATIONS, ablated  # noqa: E402
 from bench.bare_workflow import BareInput, BareWorkflow, noop  # noqa: E402
 from bench.common import (  # noqa: E402
     CpuMeter,
@@ -55,8 +60,10 @@ from bench.common import (  # noqa: E402
 )
 from worker.main import running_worker  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
+from workflows.scheduler import RouteSchedulerWorkflow  # noqa: E402
 
 MODEL = "bench"
+ACTIVITY_WORKER = Path(__file__).resolve().parent / "activity_worker.py"
 WORKSPACE = "bench"
 
 
@@ -129,6 +136,9 @@ async def run_backfill(
     lines: int,
     cap: int,
     deadline_s: float,
+    dump_dir: Path | None = None,
+    ablations: list[str] | None = None,
+    split_worker: bool = False,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     route_id = f"sim-{suffix}"
@@ -165,38 +175,44 @@ async def run_backfill(
         line_timeout_seconds=settings.limits.line_timeout_seconds,
         max_line_retries=settings.limits.max_line_retries,
     )
-    log(f"backfill: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
-    async with running_worker(client, settings):
-        with meter.span() as span:
-            handle: WorkflowHandle[Any, Any] = await client.start_workflow(
-                BatchWorkflow.run,
-                inp,
-                id=batch_id,
-                task_queue=settings.task_queue,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(sa.WORKSPACE, WORKSPACE),
-                        SearchAttributePair(sa.STATUS, "validating"),
-                        SearchAttributePair(sa.ENDPOINT, "/v1/chat/completions"),
-                        SearchAttributePair(sa.CREATED_AT, now),
-                    ]
-                ),
-                memo={"workspace": WORKSPACE},
-                execution_timeout=timedelta(seconds=deadline_s + 60),
-            )
-            batch = await await_result(client, handle, deadline_s)
-        log(f"backfill: {batch.status} in {span.wall_s:.2f}s; reading histories")
+    what = f" (ablated: {','.join(ablations)})" if ablations else ""
+    log(f"backfill{what}: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
+    with ablated(ablations or []):
+        async with backfill_worker(client, settings, tmp, meter, split=split_worker):
+            with meter.span() as span:
+                handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+                    BatchWorkflow.run,
+                    inp,
+                    id=batch_id,
+                    task_queue=settings.task_queue,
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(sa.WORKSPACE, WORKSPACE),
+                            SearchAttributePair(sa.STATUS, "validating"),
+                            SearchAttributePair(sa.ENDPOINT, "/v1/chat/completions"),
+                            SearchAttributePair(sa.CREATED_AT, now),
+                        ]
+                    ),
+                    memo={"workspace": WORKSPACE},
+                    execution_timeout=timedelta(seconds=deadline_s + 60),
+                )
+                batch = await await_result(client, handle, deadline_s)
+            log(f"backfill: {batch.status} in {span.wall_s:.2f}s; reading histories")
     counts = batch.request_counts
     if batch.status != "completed" or counts.completed != lines:
         raise RuntimeError(
             f"backfill batch ended {batch.status} with {counts.model_dump()} (expected "
             f"{lines} completed)"
         )
-    hist = await analyze_chain(client, batch_id, handle.first_execution_run_id, "run_line")
+    hist = await analyze_chain(
+        client, batch_id, handle.first_execution_run_id, "run_line", dump_dir
+    )
     sched_id = scheduler_workflow_id(route_id)
     sched_first = await first_run_id(client, sched_id)
-    sched = await analyze_chain(client, sched_id, sched_first, "find_closed_batches")
+    sched = await analyze_chain(client, sched_id, sched_first, "find_closed_batches", dump_dir)
     return {
+        "ablations": ablations or [],
+        "split_worker": split_worker,
         "batch_id": batch_id,
         "status": batch.status,
         "request_counts": counts.model_dump(),
@@ -213,6 +229,47 @@ async def run_backfill(
     }
 
 
+@contextlib.asynccontextmanager
+async def backfill_worker(
+    client: Client, settings: Settings, tmp: Path, meter: CpuMeter, *, split: bool
+) -> AsyncIterator[None]:
+    """The real worker in-process (`running_worker`), or, with `split`, a workflows-only Worker
+    here and the same activities in their own process (bench/activity_worker.py)."""
+    if not split:
+        async with running_worker(client, settings):
+            yield
+        return
+    settings_path = tmp / f"settings-{settings.task_queue}.json"
+    ready = tmp / f"ready-{settings.task_queue}"
+    settings_path.write_text(settings.model_dump_json())
+    child = Child("activity-worker")
+    child.start(
+        [sys.executable, str(ACTIVITY_WORKER), str(settings_path), str(ready)],
+        log_path=tmp / "activity-worker.log",
+    )
+    try:
+        for _ in range(600):  # ≤ 60 s
+            if ready.exists():
+                break
+            if not child.running:
+                raise RuntimeError(f"activity worker exited: {child.log_tail()}")
+            await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError(f"activity worker not ready: {child.log_tail()}")
+        meter.activity_worker_pid = child.pid
+        worker = Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+        )
+        async with worker:
+            yield
+    finally:
+        meter.activity_worker_pid = None
+        await asyncio.to_thread(child.stop, 10.0)
+
+
 # ---- phase 2: bare Temporal ----------------------------------------------------------------------
 async def run_bare(
     client: Client,
@@ -224,6 +281,8 @@ async def run_bare(
     max_concurrent_activities: int,
     deadline_s: float,
     label: str = "bare",
+    dump_dir: Path | None = None,
+    activity_pollers: int | None = None,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     task_queue = f"bench-bare-{suffix}"
@@ -236,6 +295,7 @@ async def run_bare(
         activities=[noop],
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(activity_pollers or 5),
     )
     async with worker:
         with meter.span() as span:
@@ -250,7 +310,7 @@ async def run_bare(
     if result.done != total:
         raise RuntimeError(f"{label}: {result.done} activities done, expected {total}")
     log(f"{label}: done in {span.wall_s:.2f}s")
-    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, "noop")
+    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, "noop", dump_dir)
     return {
         "workflow_id": wf_id,
         "cpu": _cpu(span),
@@ -266,6 +326,7 @@ def _cpu(span: CpuSpan) -> dict[str, float]:
         "bench_process_cpu_s": round(span.bench_cpu_s, 2),
         "server_cpu_s": round(span.server_cpu_s, 2),
         "sim_process_cpu_s": round(span.sim_cpu_s, 2),
+        "activity_worker_cpu_s": round(span.activity_worker_cpu_s, 2),
         "bench_process_cores": round(span.bench_cpu_s / w, 2),
         "server_cores": round(span.server_cpu_s / w, 2),
     }
@@ -293,20 +354,42 @@ async def probe_http(base_url: str, n: int, concurrency: int) -> dict[str, Any]:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as http:
+        errors: list[str] = []
 
         async def one() -> None:
             async with sem:
-                async with http.stream(
-                    "POST", url, content=body, headers={"Content-Type": "application/json"}
-                ) as resp:
-                    async for _ in resp.aiter_bytes():
-                        pass
-                    resp.raise_for_status()
+                try:
+                    async with http.stream(
+                        "POST",
+                        url,
+                        content=body,
+                        headers={"Content-Type": "application/json"},
+                        timeout=httpx.Timeout(60.0, connect=10.0),  # the worker's connect timeout
+                    ) as resp:
+                        async for _ in resp.aiter_bytes():
+                            pass
+                        resp.raise_for_status()
+                except httpx.HTTPError as err:
+                    errors.append(type(err).__name__)
 
         t0 = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), 300)
         dt = time.perf_counter() - t0
-    return {"requests": n, "concurrency": concurrency, "per_s": round(n / dt, 1)}
+    return {
+        "requests": n,
+        "concurrency": concurrency,
+        "per_s": round(n / dt, 1),
+        "errors": dict(Counter(errors)),
+    }
+
+
+async def _probe(coro: Any) -> dict[str, Any]:
+    """A probe's numbers, or its error: a probe never costs the phases' results."""
+    try:
+        return dict(await coro)
+    except Exception as err:
+        log(f"probe failed: {type(err).__name__}: {err}")
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -321,7 +404,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "lines_per_run": LINES_PER_RUN,
         "dynamic_config": args.dynamic_config,
         "sim_subprocess": args.sim_subprocess,
+        "split_worker": args.split_worker,
         "db": "memory" if args.in_memory else "sqlite-file",
+        "repeat": args.repeat,
+        "bare_activity_pollers": args.bare_activity_pollers,
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
     with tempfile.TemporaryDirectory(prefix="backfill-bench-") as tmp_s:
         tmp = Path(tmp_s)
@@ -349,8 +437,38 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         label="warmup",
                     )
                     result["warmup"] = {"activities": args.warmup, "cpu": warm["cpu"]}
-                if "backfill" in args.phases:
-                    result["backfill"] = await run_backfill(
+                runs: dict[str, list[dict[str, Any]]] = {"backfill": [], "bare": []}
+                for rep in range(args.repeat):
+                    for phase in args.phases:
+                        if args.repeat > 1:
+                            log(f"repetition {rep + 1}/{args.repeat}: {phase}")
+                        if phase == "backfill":
+                            out = await run_backfill(
+                                client,
+                                tmp,
+                                sim,
+                                meter,
+                                lines=args.lines,
+                                cap=args.cap,
+                                deadline_s=args.timeout,
+                                dump_dir=args.dump_histories,
+                                split_worker=args.split_worker,
+                            )
+                        else:
+                            out = await run_bare(
+                                client,
+                                meter,
+                                total=args.lines,
+                                window=args.cap,
+                                per_run=LINES_PER_RUN,
+                                max_concurrent_activities=slots,
+                                deadline_s=args.timeout,
+                                dump_dir=args.dump_histories,
+                                activity_pollers=args.bare_activity_pollers,
+                            )
+                        runs[phase].append(out)
+                for variant in args.ablate:
+                    out = await run_backfill(
                         client,
                         tmp,
                         sim,
@@ -358,30 +476,37 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         lines=args.lines,
                         cap=args.cap,
                         deadline_s=args.timeout,
+                        dump_dir=args.dump_histories,
+                        ablations=variant,
+                        split_worker=args.split_worker,
                     )
-                if "bare" in args.phases:
-                    result["bare"] = await run_bare(
-                        client,
-                        meter,
-                        total=args.lines,
-                        window=args.cap,
-                        per_run=LINES_PER_RUN,
-                        max_concurrent_activities=slots,
-                        deadline_s=args.timeout,
-                    )
+                    result.setdefault("ablated", []).append(out)
+                for phase, key in (("backfill", "lines_per_s"), ("bare", "activities_per_s")):
+                    if runs[phase]:
+                        result[phase] = _median(runs[phase], key)
+                        result[phase]["all_" + key] = [x[key] for x in runs[phase]]
                 if args.probes:
                     log("probes: FileStore commit and httpx against the simulator")
                     result["probes"] = {
-                        "store_commit": await probe_store(tmp, 300),
-                        "http": await probe_http(sim.base_url, min(args.lines, 2000), args.cap),
+                        "store_commit": await _probe(probe_store(tmp, 300)),
+                        "http": await _probe(
+                            probe_http(sim.base_url, min(args.lines, 2000), args.cap)
+                        ),
                     }
             finally:
                 await sim.stop()
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     if "backfill" in result and "bare" in result:
         result["ratio"] = round(
             result["backfill"]["lines_per_s"] / result["bare"]["activities_per_s"], 3
         )
     return result
+
+
+def _median(outs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The repetition with the median rate (the lower middle one for an even count)."""
+    ordered = sorted(outs, key=lambda x: float(x[key]))
+    return dict(ordered[(len(ordered) - 1) // 2])
 
 
 def table(r: dict[str, Any]) -> str:
@@ -419,6 +544,10 @@ def table(r: dict[str, Any]) -> str:
                 f"{h['line_mean_schedule_to_start_ms']} / {h['line_mean_start_to_close_ms']}",
             ),
             (
+                "batch workflow task timeouts (s waited)",
+                f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
+            ),
+            (
                 "batch workflow tasks (per line)",
                 f"{h['workflow_tasks']} ({h['workflow_tasks_per_line']})",
             ),
@@ -448,6 +577,10 @@ def table(r: dict[str, Any]) -> str:
                 f"{h['line_mean_schedule_to_start_ms']} / {h['line_mean_start_to_close_ms']}",
             ),
             (
+                "bare workflow task timeouts (s waited)",
+                f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
+            ),
+            (
                 "bare workflow tasks (per activity)",
                 f"{h['workflow_tasks']} ({h['workflow_tasks_per_line']})",
             ),
@@ -460,11 +593,26 @@ def table(r: dict[str, Any]) -> str:
                 f"{bare['cpu']['bench_process_cpu_s']} / {bare['cpu']['server_cpu_s']}",
             ),
         ]
+    for a in r.get("ablated", []):
+        h = a["history"]
+        rows.append(
+            (
+                f"what-if backfill without {'+'.join(a['ablations'])}",
+                f"{a['lines_per_s']:.1f} lines/s (CPU bench/server "
+                f"{a['cpu']['bench_process_cpu_s']}/{a['cpu']['server_cpu_s']} s)",
+            )
+        )
     if "probes" in r:
         p = r["probes"]
         rows += [
-            ("probe: store.commit_result ms (fsync)", f"{p['store_commit']['mean_ms']}"),
-            ("probe: httpx→sim req/s at cap", f"{p['http']['per_s']}"),
+            (
+                "probe: store.commit_result ms (fsync)",
+                str(p["store_commit"].get("mean_ms", p["store_commit"].get("error"))),
+            ),
+            (
+                "probe: httpx→sim req/s at cap",
+                str(p["http"].get("per_s", p["http"].get("error"))),
+            ),
         ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -485,7 +633,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--phases",
         default="backfill,bare",
-        help="comma-separated subset of backfill,bare (default both, in that order)",
+        help="comma-separated phases, run in the order given (default backfill,bare)",
     )
     p.add_argument("--warmup", type=int, default=200, help="trivial activities run first, untimed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per phase")
@@ -497,11 +645,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--in-memory", action="store_true", help="dev server without a SQLite file")
     p.add_argument("--no-probes", dest="probes", action="store_false", help="skip the probes")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--split-worker",
+        action="store_true",
+        help="what-if: backfill's activities in their own process, workflows in this one",
+    )
+    p.add_argument(
+        "--ablate",
+        action="append",
+        default=[],
+        metavar="WHAT[,WHAT]",
+        help=f"what-if: after the phases, run the backfill phase again without these per-line "
+        f"costs (of {', '.join(ABLATIONS)}; monkeypatched in this process only; repeatable)",
+    )
+    p.add_argument(
+        "--bare-activity-pollers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exploration: concurrent activity polls of the bare worker (SDK default 5); "
+        "the backfill worker always uses worker.main's settings",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="run the phases this many times; report medians"
+    )
+    p.add_argument(
+        "--dump-histories",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write every workflow history read (JSON) into DIR",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.cap <= 256:
         p.error("--cap must be between 1 and 256 (the route's max_concurrent_lines)")
     if args.lines < 1:
         p.error("--lines must be at least 1")
+    if not 1 <= args.repeat <= 20:
+        p.error("--repeat must be between 1 and 20")
+    args.ablate = [[x.strip() for x in v.split(",") if x.strip()] for v in args.ablate]
+    for v in args.ablate:
+        if not v or not set(v) <= set(ABLATIONS):
+            p.error(f"--ablate takes a comma-separated subset of {', '.join(ABLATIONS)}")
+    if args.split_worker and args.ablate:
+        p.error("--ablate patches this process only: it cannot be combined with --split-worker")
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     if not set(args.phases) <= {"backfill", "bare"} or not args.phases:
         p.error("--phases takes backfill and/or bare")
@@ -521,14 +708,24 @@ async def _guarded(coro: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The SDK core logs (e.g. WARN lines) to file descriptor 1: point fd 1 at stderr and keep a
+    # private copy of the real stdout for the result, so --json output stays parseable.
+    sys.stdout.flush()
+    result_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     import logging
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    result = asyncio.run(_guarded(main_async(args)))
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(table(result))
+    try:
+        result = asyncio.run(_guarded(main_async(args)))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        log("interrupted: servers stopped, nothing measured")
+        return 130
+    with result_out:
+        if args.json:
+            print(json.dumps(result, indent=2), file=result_out)
+        else:
+            print(table(result), file=result_out)
     return 0
 
 

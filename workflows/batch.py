@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         RouteProgress,
         Usage,
     )
+    from workflows.alarm import Alarm
     from workflows.lanes import Lane, demand_to_report
     from workflows.messages import (
         Ack,
@@ -44,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 LINE_HEARTBEAT = timedelta(seconds=10)
 MAX_LOST_ATTEMPTS = 5
+KEEPALIVE_SECONDS = 3600.0
 LINES_PER_RUN = 2_000
 """Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
 
@@ -79,6 +81,7 @@ class BatchWorkflow:
         self._lines_this_run = 0
         self._draining = False
         self._tasks: set[asyncio.Future[None]] = set()
+        self._alarm = Alarm(self._wake)
 
     # ---- run ----
     @workflow.run
@@ -104,13 +107,13 @@ class BatchWorkflow:
             await self._report_demands()
             self._update_summary()
             self._dirty = False
-            timeout = self._next_wakeup(expires_at)
-            try:
-                await workflow.wait_condition(lambda: self._dirty, timeout=timeout)
-            except TimeoutError:
-                pass
+            self._alarm.set(self._next_wakeup(expires_at))
+            await workflow.wait_condition(lambda: self._dirty)
         await self._finish()
         return self._b
+
+    def _wake(self) -> None:
+        self._dirty = True
 
     @property
     def _b(self) -> Batch:
@@ -170,7 +173,8 @@ class BatchWorkflow:
         self._b.model = out.models[0] if len(out.models) == 1 else None
         self._b.status = "in_progress"
         self._b.in_progress_at = now
-        workflow.upsert_search_attributes([sa.MODELS.value_set(out.models)])
+        if self._indexed:
+            workflow.upsert_search_attributes([sa.MODELS.value_set(out.models)])
         self._set_status_attribute()
 
     def _check_expiry(self, expires_at: int) -> None:
@@ -181,20 +185,27 @@ class BatchWorkflow:
             for lane in self._lanes:
                 lane.stop()
 
-    def _next_wakeup(self, expires_at: int) -> timedelta | None:
-        """Sleep until the earliest timer: expiry, a route's backoff, or a demand keep-alive."""
-        now_s = workflow.now().timestamp()
-        candidates = []
-        if not self._expired and self._b.status != "cancelling":
-            candidates.append(expires_at - now_s)
+    def _next_wakeup(self, expires_at: int) -> float | None:
+        """The earliest deadline: expiry, a route's backoff, or a demand keep-alive."""
+        candidates: list[float] = []
+        if not self._ending:
+            candidates.append(float(expires_at))
         for lane in self._lanes:
             if lane.backoff_until is not None:
-                candidates.append(lane.backoff_until - now_s)
-            if lane.pending_count() > 0 and lane.allotment == 0:
-                candidates.append(300.0)  # re-register: a scheduler that vanished comes back
-        if not candidates:
+                candidates.append(lane.backoff_until)
+            keepalive = self._keepalive_due(lane)
+            if keepalive is not None:
+                candidates.append(keepalive)
+        return min(candidates) if candidates else None
+
+    def _keepalive_due(self, lane: Lane) -> float | None:
+        """When to re-send demand that got no allotment (a scheduler that was terminated or
+        reset comes back through signal-with-start)."""
+        if self._b.backfill.paused or self._ending or self._draining:
             return None
-        return timedelta(seconds=max(0.5, min(candidates)))
+        if lane.pending_count() == 0 or lane.allotment > 0 or lane.reported_at is None:
+            return None
+        return lane.reported_at + KEEPALIVE_SECONDS
 
     # ---- lines ----
     def _start_lines(self) -> None:
@@ -275,9 +286,13 @@ class BatchWorkflow:
                 lane.unacked_epoch = None
                 await self._signal_ack(lane, epoch)
             wanted = demand_to_report(lane, halt=halt and not self._draining)
+            keepalive = self._keepalive_due(lane)
+            if wanted is None and keepalive is not None and _now() >= keepalive:
+                wanted = lane.reported
             if wanted is None:
                 continue
             lane.reported = wanted
+            lane.reported_at = workflow.now().timestamp()
             lane.allotment = min(lane.allotment, wanted)
             await workflow.execute_activity_method(
                 ControlActivities.report_demand,
@@ -396,8 +411,15 @@ class BatchWorkflow:
         self._set_status_attribute()
         await workflow.wait_condition(workflow.all_handlers_finished)
 
+    @property
+    def _indexed(self) -> bool:
+        """Started with backfill's search attributes (by the api): keep them current. A
+        namespace without them registered (the time-skipping test server) gets none."""
+        return workflow.info().typed_search_attributes.get(sa.WORKSPACE) is not None
+
     def _set_status_attribute(self) -> None:
-        workflow.upsert_search_attributes([sa.STATUS.value_set(self._b.status)])
+        if self._indexed:
+            workflow.upsert_search_attributes([sa.STATUS.value_set(self._b.status)])
 
     def _update_summary(self) -> None:
         ext = self._b.backfill

@@ -36,6 +36,8 @@ class Lane(BaseModel):
     """Epoch of a shrink the scheduler waits to hear we are within."""
     reported: int | None = None
     """Demand last reported to the scheduler (None: not registered)."""
+    reported_at: float | None = None
+    """When it was last reported (unix seconds, workflow time)."""
     backoff_until: float | None = None
     backoff_level: int = 0
     stopped: bool = False

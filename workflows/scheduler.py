@@ -16,6 +16,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
+    from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
     from workflows.messages import (
         Ack,
@@ -110,26 +111,36 @@ class RouteSchedulerWorkflow:
         # demand in the same activation as the start.
         self._state = input
         self._dirty = True
+        self._tick_due = False
+        self._tick = Alarm(self._on_tick)
 
     @workflow.run
     async def run(self, input: SchedulerInput) -> None:
         while True:
-            try:
-                await workflow.wait_condition(
-                    lambda: self._dirty,
-                    timeout=timedelta(seconds=self._state.reconcile_seconds)
-                    if self._state.batches
-                    else None,
-                )
-            except TimeoutError:
-                self._state.replan = True
+            await workflow.wait_condition(lambda: self._dirty or self._tick_due)
+            if self._tick_due:
+                self._tick_due = False
+                self._state.replan = True  # rotates uneven remainders
                 await self._reconcile()
             self._dirty = False
             self._allocate()
             await self._send_changes()
+            self._arm_tick()
             if workflow.info().is_continue_as_new_suggested() and not self._dirty:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._state)
+
+    def _on_tick(self) -> None:
+        self._tick_due = True
+
+    def _arm_tick(self) -> None:
+        """Tick (reconcile, rotate) only while some batch is held back: then a vanished holder
+        matters. An idle or uncontended route adds no events to history."""
+        held_back = any(b.wanted > b.allotment for b in self._state.batches.values())
+        if not held_back:
+            self._tick.set(None)
+        elif self._tick.at is None:
+            self._tick.set(workflow.now().timestamp() + self._state.reconcile_seconds)
 
     # ---- handlers: record only ----
     @workflow.signal

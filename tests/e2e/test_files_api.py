@@ -6,6 +6,7 @@ with a 1 MB cap for the exact size boundary)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -321,6 +322,68 @@ async def test_non_multipart_body_is_400(stack: Stack, http: httpx.AsyncClient) 
     assert stored_names(stack) == before
 
 
+async def test_two_file_parts_are_refused_not_concatenated(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    before = stored_names(stack)
+    resp = await http.post(
+        "/v1/files",
+        headers=auth(),
+        files=[
+            ("purpose", (None, "batch")),
+            ("file", ("one.jsonl", b'{"a": 1}\n')),
+            ("file", ("two.jsonl", b'{"b": 2}\n')),
+        ],
+    )
+    assert_error(resp, 400, param="file")
+    assert stored_names(stack) == before
+
+
+async def test_client_disconnect_mid_upload_leaves_no_temp_file(stack: Stack) -> None:
+    boundary = "dropboundary42"
+    head = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="dropped.jsonl"\r\n\r\n'
+    ).encode()
+    never = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        for _ in range(4):
+            yield b"x" * MiB
+        await never.wait()  # the client stalls mid-file, then goes away
+        yield b""
+
+    def temp_files() -> list[Path]:
+        return [p for p in store_dir(stack).iterdir() if p.name.startswith(".tmp-")]
+
+    before = stored_names(stack)
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60, trust_env=False) as http:
+        task = asyncio.create_task(
+            http.post(
+                "/v1/files",
+                headers={**auth(), "Content-Type": f"multipart/form-data; boundary={boundary}"},
+                content=body(),
+            )
+        )
+        deadline = time.monotonic() + 20
+        while not any(p.stat().st_size > 0 for p in temp_files()):
+            assert not task.done(), task.result().text
+            assert time.monotonic() < deadline, "the upload never reached the store"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    # The connection is gone: the server aborts the upload and removes its temp file.
+    deadline = time.monotonic() + 20
+    while temp_files():
+        assert time.monotonic() < deadline, f"temp file left behind: {temp_files()}"
+        await asyncio.sleep(0.02)
+    assert stored_names(stack) == before
+
+
 # ---- size cap ----------------------------------------------------------------------------------
 
 
@@ -473,6 +536,13 @@ async def test_another_workspaces_file_is_404_and_not_listed(
     assert f.id in {x.id async for x in alpha.files.list()}
     assert own.id not in {x.id async for x in alpha.files.list()}
     assert (await stack.client(ADMIN).files.retrieve(f.id)).filename == "alpha-secret.jsonl"
+
+
+async def test_unknown_route_and_wrong_method_use_the_envelope(http: httpx.AsyncClient) -> None:
+    assert_error(await http.get("/v1/nothing-here", headers=auth()), 404)
+    resp = await http.put("/v1/files", headers=auth())
+    assert resp.status_code == 405, resp.text
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
 
 
 # ---- health and metrics ------------------------------------------------------------------------

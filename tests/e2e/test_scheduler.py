@@ -88,7 +88,7 @@ async def test_cap_holds_across_workers_workspaces_and_batches(
     assert [a for a, queued in allotted if queued > 0 and a < 4] == [], allotted
     # ...and busy upstream (each handover costs a Temporal round trip, tens of ms here).
     busy = samples[len(samples) // 10 : len(samples) // 2]
-    assert statistics.mean(busy) >= 2.4, busy
+    assert max(samples) == 4 and statistics.mean(busy) >= 2.0, busy
     # A batch held back showed why, per route, with its place in the queue.
     assert queued_seen, "no batch was ever seen waiting"
     reasons = {r["reason"] for ext in queued_seen for r in ext["routes"]}

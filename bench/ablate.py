@@ -1,0 +1,93 @@
+"""What-if switches for the backfill phase: remove one per-line cost in THIS process only.
+
+They monkeypatch the activity side for the duration of one phase (the project's files are not
+touched) so a run can say how much of the gap to the bare baseline each cost explains. Numbers
+measured with an ablation are not backfill's throughput: they are estimates of what a change
+would buy.
+
+- `heartbeat`: `run_line` sends no heartbeat (it sends one per line today, at its start: an extra
+  RPC and an extra mutable-state write on the server per line).
+- `fsync`: `FileStore.commit_result` writes and links its record without `os.fsync` (which today
+  blocks the worker's event loop once per line).
+- `http`: `run_line` gets a canned 200 response without any HTTP request (httpx and the
+  simulator drop out; the store and Temporal paths stay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+ABLATIONS = ("heartbeat", "fsync", "http")
+
+
+class _OsWithoutFsync:
+    """`os` for backfill.store, with fsync a no-op."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def fsync(fd: int) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def _no_heartbeat() -> AsyncIterator[None]:
+    yield
+
+
+async def _canned_send(
+    self: Any, route: Any, input: Any, request: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
+    body = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "model": request["body"].get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+    record = {
+        "id": f"batch_req_{secrets.token_hex(12)}",
+        "custom_id": request["custom_id"],
+        "response": {"status_code": 200, "request_id": "req_bench", "body": body},
+        "error": None,
+    }
+    return record, False
+
+
+@contextlib.contextmanager
+def ablated(names: list[str]) -> Iterator[None]:
+    """Apply the named ablations for the duration of the block, then restore everything."""
+    import activities.lines as lines_mod
+    import backfill.store as store_mod
+
+    unknown = set(names) - set(ABLATIONS)
+    if unknown:
+        raise ValueError(f"unknown ablation(s): {sorted(unknown)}; known: {ABLATIONS}")
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(obj: Any, attr: str, value: Any) -> None:
+        saved.append((obj, attr, getattr(obj, attr)))
+        setattr(obj, attr, value)
+
+    try:
+        if "heartbeat" in names:
+            patch(lines_mod, "_heartbeating", _no_heartbeat)
+        if "fsync" in names:
+            patch(store_mod, "os", _OsWithoutFsync())
+        if "http" in names:
+            patch(lines_mod.LineActivities, "_send", _canned_send)
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            setattr(obj, attr, value)
