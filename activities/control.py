@@ -57,6 +57,11 @@ async def signal_demand(client: Client, settings: Settings, input: DemandInput) 
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         start_signal="demand",
         start_signal_args=[
-            Demand(batch_id=input.batch_id, workspace=input.workspace, wanted=input.wanted)
+            Demand(
+                batch_id=input.batch_id,
+                workspace=input.workspace,
+                wanted=input.wanted,
+                epoch=input.epoch,
+            )
         ],
     )

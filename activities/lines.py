@@ -58,7 +58,7 @@ class LineActivities:
 
     def _validate(self, input: ValidateInput) -> ValidateOutput:
         allowed = frozenset(input.allowed_models) if input.allowed_models is not None else None
-        with open(self.store.content_path(input.input_file_id), "rb") as f:
+        with open(self.store.batch_input_path(input.batch_id, input.input_file_id), "rb") as f:
             out = validate_lines(
                 f,
                 batch_id=input.batch_id,
@@ -84,12 +84,13 @@ class LineActivities:
         committed = self.store.get_result(input.batch_id, line_no)
         if committed is not None:  # it ran before (its worker died after writing): once only
             return outcome_from_record(line_no, committed)
+        if input.give_up_code is not None:
+            custom_id = self._custom_id(input, line_no)
+            record = error_record(custom_id, input.give_up_code, input.give_up_message or "")
+            return self._commit(input.batch_id, line_no, record)
         raw = self.store.read_line(input.batch_id, input.input_file_id, line_no)
         request = json.loads(raw)
         custom_id = request["custom_id"]
-        if input.give_up_code is not None:
-            record = error_record(custom_id, input.give_up_code, input.give_up_message or "")
-            return self._commit(input.batch_id, line_no, record)
         route = self.settings.route(input.route_id)
         if route is None:
             record = error_record(
@@ -101,6 +102,13 @@ class LineActivities:
         if retry and not input.final_attempt:
             return LineOutcome(line=line_no, retry=True, status_code=_status_of(record))
         return self._commit(input.batch_id, line_no, record)
+
+    def _custom_id(self, input: LineInput, line_no: int) -> str:
+        try:
+            raw = self.store.read_line(input.batch_id, input.input_file_id, line_no)
+            return str(json.loads(raw)["custom_id"])
+        except (OSError, ValueError, KeyError):
+            return f"line-{line_no + 1}"
 
     async def _send(
         self, route: RouteConfig, input: LineInput, request: dict[str, Any]
@@ -115,25 +123,28 @@ class LineActivities:
                 headers["Authorization"] = f"Bearer {key}"
         limit = self.settings.limits.max_response_bytes
         try:
-            async with self.http.stream(
-                "POST",
-                url,
-                content=json.dumps(request["body"]).encode(),
-                headers=headers,
-                timeout=httpx.Timeout(self.settings.limits.line_timeout_seconds, connect=10.0),
-            ) as resp:
-                body = bytearray()
-                async for chunk in resp.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        msg = f"The response was larger than the {limit}-byte cap."
-                        return error_record(custom_id, "response_too_large", msg), False
-                request_id = resp.headers.get("x-request-id") or f"req_{secrets.token_hex(12)}"
-                status = resp.status_code
+            # The whole exchange, not each read, is bounded by the line timeout.
+            async with asyncio.timeout(self.settings.limits.line_timeout_seconds):
+                async with self.http.stream(
+                    "POST",
+                    url,
+                    content=json.dumps(request["body"]).encode(),
+                    headers=headers,
+                    timeout=httpx.Timeout(None, connect=10.0),
+                ) as resp:
+                    body = bytearray()
+                    async for chunk in resp.aiter_bytes():
+                        body += chunk
+                        if len(body) > limit:
+                            msg = f"The response was larger than the {limit}-byte cap."
+                            return error_record(custom_id, "response_too_large", msg), False
+                    request_id = resp.headers.get("x-request-id") or f"req_{secrets.token_hex(12)}"
+                    status = resp.status_code
         except httpx.ConnectError as err:
             return error_record(custom_id, "connection_error", _describe(err)), True
-        except httpx.TimeoutException as err:
-            return error_record(custom_id, "request_timeout", _describe(err)), False
+        except (TimeoutError, httpx.TimeoutException) as err:
+            msg = f"No complete response within {self.settings.limits.line_timeout_seconds} s."
+            return error_record(custom_id, "request_timeout", msg or _describe(err)), False
         except httpx.HTTPError as err:
             return error_record(custom_id, "upstream_error", _describe(err)), False
         try:
@@ -276,9 +287,9 @@ async def _heartbeating() -> AsyncIterator[None]:
     """Heartbeat every few seconds while the body waits (so a dead worker is noticed)."""
 
     async def beat() -> None:
-        while True:
-            activity.heartbeat()
+        while True:  # not at once: a heartbeat per short line is a server write per line
             await asyncio.sleep(HEARTBEAT_EVERY)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -16,12 +17,19 @@ from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep
 from api.errors import Conflict, InvalidRequest, NotFound
 from api.progress import add_route_reasons
 from backfill import search_attributes as sa
-from backfill.batches import COMPLETION_WINDOWS, ENDPOINTS, TERMINAL_STATUSES, Batch
+from backfill.batches import (
+    COMPLETION_WINDOWS,
+    ENDPOINTS,
+    TERMINAL_STATUSES,
+    Batch,
+    BatchStatus,
+)
 from backfill.ids import new_batch_id
 from workflows.batch import BatchInput, BatchWorkflow
 from workflows.messages import PauseRequest
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
+log = logging.getLogger(__name__)
 
 MAX_METADATA_PAIRS = 16
 
@@ -148,7 +156,7 @@ async def list_batches(
             raise InvalidRequest(f"No such batch for 'after': {after}", param="after")
         ordered = [r for r in ordered if r < rows[after]]
     page = ordered[:limit]
-    batches = await asyncio.gather(*(_load(client, batch_id) for _, batch_id in page))
+    batches = await asyncio.gather(*(_load_or_stub(client, batch_id) for _, batch_id in page))
     data = [_public(b) for b in batches]
     return {
         "object": "list",
@@ -248,6 +256,27 @@ async def _load(
             batch.status = "failed"
             batch.failed_at = int(desc.close_time.timestamp()) if desc.close_time else None
     return batch
+
+
+async def _load_or_stub(client: Client, batch_id: str) -> Batch:
+    """For listings: one batch that cannot be read right now (no worker to answer its query)
+    must not fail the whole page; it is listed from its search attributes instead."""
+    try:
+        return await _load(client, batch_id)
+    except Exception as err:
+        log.warning("listing %s from its search attributes: %s", batch_id, err)
+        desc = await client.get_workflow_handle(batch_id).describe()
+        attrs = desc.typed_search_attributes
+        created = attrs.get(sa.CREATED_AT) or int(desc.start_time.timestamp())
+        status = attrs.get(sa.STATUS) or "in_progress"
+        return Batch(
+            id=batch_id,
+            endpoint=attrs.get(sa.ENDPOINT) or "",
+            input_file_id="",
+            completion_window="",
+            status=status if status in get_args(BatchStatus) else "in_progress",  # type: ignore[arg-type]
+            created_at=int(created),
+        )
 
 
 def _public(batch: Batch) -> dict[str, Any]:

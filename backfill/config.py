@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 Role = Literal["member", "platform_admin", "auditor"]
 Provider = Literal["vllm", "openai"]
@@ -80,7 +85,15 @@ class ApiKeyConfig(_Strict):
 class Settings(BaseSettings):
     """Everything a process needs. Built once by `get_settings()`; tests build their own."""
 
-    model_config = SettingsConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # Only the upper-case names documented per field are read from the environment (e.g.
+    # TEMPORAL_ADDRESS, BACKFILL_DATA_DIR): a stray MODELS or DATA_DIR variable changes nothing.
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        env_prefix="BACKFILL_",
+        case_sensitive=True,
+    )
 
     data_dir: Path = Field(
         default=Path("data"), validation_alias=AliasChoices("BACKFILL_DATA_DIR", "data_dir")
@@ -200,6 +213,8 @@ def load_settings(path: Path | None = None) -> Settings:
         raise ConfigError(f"BACKFILL_CONFIG names {path}, which does not exist")
     try:
         return Settings(**data)  # type: ignore[arg-type]
+    except SettingsError as e:
+        raise ConfigError(f"invalid environment variable: {e}") from None
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"

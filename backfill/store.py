@@ -163,6 +163,20 @@ class FileStore:
         meta = {"total": len(offsets), "routes": [r.__dict__ for r in routes]}
         _atomic_write(d / "index.json", json.dumps(meta).encode())
 
+    def snapshot_input(self, batch_id: str, file_id: str) -> None:
+        """Pin the batch's input: a hard link in the batch's directory, so deleting the
+        uploaded file (the user's right) never pulls the lines from under a running batch."""
+        d = self._batch_dir(batch_id)
+        _mkdir(d)
+        target = d / "input.jsonl"
+        if not target.exists():
+            os.link(self._data_path(file_id), target)
+
+    def batch_input_path(self, batch_id: str, file_id: str) -> Path:
+        """The batch's pinned input (falls back to the uploaded file for older batches)."""
+        pinned = self._batch_dir(batch_id) / "input.jsonl"
+        return pinned if pinned.exists() else self._data_path(file_id)
+
     def line_number(self, batch_id: str, route_index: int, position: int) -> int:
         """The input line number at `position` in a route's list of lines."""
         return _read_int(self._batch_dir(batch_id) / f"route-{route_index}.bin", position, "I")
@@ -171,7 +185,7 @@ class FileStore:
         d = self._batch_dir(batch_id)
         offset = _read_int(d / "offsets.bin", line_no, "Q")
         length = _read_int(d / "lengths.bin", line_no, "I")
-        with open(self._data_path(input_file_id), "rb") as f:
+        with open(self.batch_input_path(batch_id, input_file_id), "rb") as f:
             f.seek(offset)
             return f.read(length)
 
@@ -186,7 +200,7 @@ class FileStore:
         offsets.frombytes((d / "offsets.bin").read_bytes())
         lengths = array("I")
         lengths.frombytes((d / "lengths.bin").read_bytes())
-        with open(self._data_path(input_file_id), "rb") as f:
+        with open(self.batch_input_path(batch_id, input_file_id), "rb") as f:
             for i, (off, ln) in enumerate(zip(offsets, lengths, strict=True)):
                 f.seek(off)
                 yield i, f.read(ln)

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         Usage,
     )
     from workflows.alarm import Alarm
-    from workflows.lanes import Lane, demand_to_report
+    from workflows.lanes import Lane, Tries, demand_to_report
     from workflows.messages import (
         Ack,
         Allotment,
@@ -93,6 +93,9 @@ class BatchWorkflow:
                 return self._b
         expires_at = self._b.expires_at or 0
         while True:
+            # Cleared before any await: a signal that lands while we report demand wakes the
+            # next wait at once instead of being lost.
+            self._dirty = False
             self._check_expiry(expires_at)
             ending = self._b.status in ("cancelling",) or self._expired
             running = sum(lane.running for lane in self._lanes)
@@ -106,7 +109,6 @@ class BatchWorkflow:
                 self._start_lines()
             await self._report_demands()
             self._update_summary()
-            self._dirty = False
             self._alarm.set(self._next_wakeup(expires_at))
             await workflow.wait_condition(lambda: self._dirty)
         await self._finish()
@@ -159,7 +161,7 @@ class BatchWorkflow:
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
         now = _now()
-        if out.errors:
+        if out.errors:  # rejected input fails the batch, even if a cancel came meanwhile
             self._b.errors = BatchErrors(data=out.errors)
             self._b.status = "failed"
             self._b.failed_at = now
@@ -171,6 +173,10 @@ class BatchWorkflow:
         ]
         self._b.request_counts = RequestCounts(total=out.total)
         self._b.model = out.models[0] if len(out.models) == 1 else None
+        if self._b.status == "cancelling":  # cancelled while validating: nothing will run
+            for lane in self._lanes:
+                lane.stop()
+            return
         self._b.status = "in_progress"
         self._b.in_progress_at = now
         if self._indexed:
@@ -214,14 +220,14 @@ class BatchWorkflow:
             if lane.backoff_until is not None and lane.backoff_until <= now_s:
                 lane.backoff_until = None
             while lane.can_start(now_s):
-                position, attempts = lane.take()
-                task = asyncio.ensure_future(self._run_line(lane, position, attempts))
+                position, tries = lane.take()
+                task = asyncio.ensure_future(self._run_line(lane, position, tries))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    async def _run_line(self, lane: Lane, position: int, attempts: int) -> None:
+    async def _run_line(self, lane: Lane, position: int, tries: Tries) -> None:
         assert self._input is not None
-        lost_too_often = attempts >= MAX_LOST_ATTEMPTS
+        lost_too_often = tries.lost >= MAX_LOST_ATTEMPTS
         line = LineInput(
             batch_id=self._b.id,
             input_file_id=self._b.input_file_id,
@@ -229,10 +235,10 @@ class BatchWorkflow:
             route_id=lane.route_id,
             route_index=lane.index,
             position=position,
-            final_attempt=attempts >= self._input.max_line_retries,
+            final_attempt=tries.retries >= self._input.max_line_retries,
             give_up_code="line_lost" if lost_too_often else None,
             give_up_message=(
-                f"The request's worker was lost {attempts} times; it was not retried again."
+                f"The request's worker was lost {tries.lost} times; it was not retried again."
                 if lost_too_often
                 else None
             ),
@@ -249,10 +255,10 @@ class BatchWorkflow:
             # The worker running it died (heartbeat timeout) or the activity crashed: the line
             # goes back to the front of the queue; the result store commits it at most once.
             workflow.logger.warning("line %s/%s lost: %s", lane.route_id, position, err.cause)
-            lane.requeue(position, attempts + 1)
+            lane.requeue(position, tries.model_copy(update={"lost": tries.lost + 1}))
         else:
             if outcome.retry:
-                lane.requeue(position, attempts + 1)
+                lane.requeue(position, tries.model_copy(update={"retries": tries.retries + 1}))
                 lane.back_off(workflow.now().timestamp())
             else:
                 lane.finish(position)
@@ -301,6 +307,7 @@ class BatchWorkflow:
                     batch_id=self._b.id,
                     workspace=self._input.workspace,
                     wanted=wanted,
+                    epoch=lane.epoch,
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
@@ -338,6 +345,7 @@ class BatchWorkflow:
             return
         ext.paused = True
         ext.paused_by = (req or PauseRequest()).by
+        self._update_summary()
         self._dirty = True
 
     @workflow.signal
@@ -347,6 +355,7 @@ class BatchWorkflow:
             return
         ext.paused = False
         ext.paused_by = None
+        self._update_summary()
         self._dirty = True
 
     @workflow.update
@@ -405,9 +414,11 @@ class BatchWorkflow:
             b.status = "expired"
         else:
             b.status, b.completed_at = "completed", now
+        self._update_summary()
         b.backfill.summary = None
         for p in b.backfill.routes:
-            p.state, p.reason, p.running_lines, p.allotment = "done", None, 0, 0
+            p.reason, p.running_lines, p.allotment = None, 0, 0
+            p.state = "done"
         self._set_status_attribute()
         await workflow.wait_condition(workflow.all_handlers_finished)
 

@@ -13,6 +13,15 @@ from backfill.ids import scheduler_workflow_id
 MAX_BACKOFF_SECONDS = 60.0
 
 
+class Tries(BaseModel):
+    """Why a line ran before without being committed (kept apart: separate budgets)."""
+
+    retries: int = 0
+    """Rate limited / unavailable / connection refused answers."""
+    lost: int = 0
+    """Activities lost (the worker died, the activity crashed)."""
+
+
 class Lane(BaseModel):
     index: int
     """The route's position in the batch's route list (names its line list in the store)."""
@@ -24,8 +33,8 @@ class Lane(BaseModel):
     """Next never-started position in the route's line list."""
     requeued: list[int] = Field(default_factory=list)
     """Positions to run again before new ones (lost or rate limited)."""
-    attempts: dict[int, int] = Field(default_factory=dict)
-    """Failed attempts so far of requeued positions."""
+    attempts: dict[int, Tries] = Field(default_factory=dict)
+    """Earlier uncommitted runs of requeued positions."""
     finished: int = 0
     running: int = 0
     allotment: int = 0
@@ -61,19 +70,19 @@ class Lane(BaseModel):
             return False
         return self.running < self.allotment and self.pending_count() > 0
 
-    def take(self) -> tuple[int, int]:
-        """Mark the next line running; returns (position, failed attempts so far)."""
+    def take(self) -> tuple[int, Tries]:
+        """Mark the next line running; returns (position, its earlier uncommitted runs)."""
         if self.requeued:
             position = self.requeued.pop(0)
         else:
             position = self.next_pos
             self.next_pos += 1
         self.running += 1
-        return position, self.attempts.pop(position, 0)
+        return position, self.attempts.pop(position, None) or Tries()
 
-    def requeue(self, position: int, attempts: int) -> None:
+    def requeue(self, position: int, tries: Tries) -> None:
         self.requeued.insert(0, position)
-        self.attempts[position] = attempts
+        self.attempts[position] = tries
 
     def finish(self, position: int) -> None:
         self.finished += 1

@@ -76,6 +76,7 @@ class DemandInput(BaseModel):
     batch_id: str
     workspace: str
     wanted: int
+    epoch: int = 0
 
 
 class FinalizeInput(BaseModel):
@@ -108,6 +109,9 @@ class Demand(BaseModel):
     workspace: str
     wanted: int
     """Lines not yet finished that the batch would run now (running + startable). 0 = leaving."""
+    epoch: int = 0
+    """The last allotment epoch the batch saw: a re-registered batch continues from it, so its
+    next allotment is never mistaken for a stale one."""
 
 
 class Allotment(BaseModel):

@@ -150,8 +150,11 @@ class RouteSchedulerWorkflow:
             if d.wanted <= 0:
                 return
             self._state.seq += 1
-            slot = BatchSlot(batch_id=d.batch_id, workspace=d.workspace, arrived=self._state.seq)
+            slot = BatchSlot(
+                batch_id=d.batch_id, workspace=d.workspace, arrived=self._state.seq, epoch=d.epoch
+            )
             self._state.batches[d.batch_id] = slot
+        slot.epoch = max(slot.epoch, d.epoch)
         wanted = max(0, d.wanted)
         slot.wanted = wanted
         if wanted < slot.allotment:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workflows.lanes import Lane, demand_to_report
+from workflows.lanes import Lane, Tries, demand_to_report
 from workflows.scheduler import BatchSlot, RouteSettings, SchedulerInput, scheduler_status
 
 
@@ -17,7 +17,7 @@ def test_lines_start_only_within_the_allotment() -> None:
     started = []
     while ln.can_start(0):
         started.append(ln.take())
-    assert started == [(0, 0), (1, 0)] and ln.running == 2
+    assert started == [(0, Tries()), (1, Tries())] and ln.running == 2
 
 
 def test_requeued_lines_go_first_with_their_attempts() -> None:
@@ -25,10 +25,10 @@ def test_requeued_lines_go_first_with_their_attempts() -> None:
     ln.set_allotment(1, 3)
     ln.take()
     ln.take()
-    ln.requeue(1, 2)
+    ln.requeue(1, Tries(retries=2, lost=1))
     ln.running -= 1
-    assert ln.take() == (1, 2)
-    assert ln.take() == (2, 0)
+    assert ln.take() == (1, Tries(retries=2, lost=1))
+    assert ln.take() == (2, Tries())
 
 
 def test_backoff_blocks_starts_until_it_passes_and_doubles() -> None:
