@@ -1,0 +1,102 @@
+"""A batch under fire: the worker SIGKILLed three times, the api and the Temporal dev server
+(SQLite file) each restarted once. Used by tests/e2e/test_chaos.py (reduced size, in CI) and
+bench/chaos.py (full size, on demand)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from backfill.devserver import DevServer, free_port
+from backfill.sim import SimConfig
+from tests.e2e.stack import Stack, output_ids, submit
+
+
+@dataclass
+class ChaosReport:
+    lines: int
+    seconds: float = 0.0
+    status: str = ""
+    completed: int = 0
+    failed: int = 0
+    missing: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    upstream_requests: int = 0
+
+
+async def _completed(client: openai.AsyncOpenAI, batch_id: str) -> tuple[str, int]:
+    try:
+        b = await client.batches.retrieve(batch_id)
+    except openai.APIError:
+        return "unknown", -1  # the api or Temporal is restarting
+    return b.status, b.request_counts.completed if b.request_counts else 0
+
+
+async def _wait_progress(client: openai.AsyncOpenAI, batch_id: str, at_least: int) -> None:
+    while (await _completed(client, batch_id))[1] < at_least:
+        await asyncio.sleep(0.2)
+
+
+async def run_chaos(tmp: Path, lines: int, *, cap: int = 8, latency_ms: float = 10) -> ChaosReport:
+    report = ChaosReport(lines=lines)
+    server = DevServer(tmp / "temporal", port=free_port(), ui_port=None)
+    server.start()
+    await server.wait_ready_async(timeout=60)
+    stack = Stack(
+        tmp, server.address, cap=cap, sim=SimConfig(model_names=[], latency_ms=latency_ms)
+    )
+    await stack.start()
+    client = stack.client()
+    t0 = time.monotonic()
+    try:
+        batch_id = await submit(stack, lines, prefix="chaos")
+        steps = [lines * k // 7 for k in range(1, 6)]
+        actions = ["kill", "api", "kill", "temporal", "kill"]
+        for at, action in zip(steps, actions, strict=True):
+            await _wait_progress(client, batch_id, at)
+            report.events.append(f"{action} at {at} lines, t={time.monotonic() - t0:.1f}s")
+            if action == "kill":
+                stack.workers[-1].kill()
+                stack.start_worker()
+            elif action == "api":
+                await asyncio.to_thread(stack.api.stop)
+                stack.api.start(stack.api.argv, stack.env(), stack.tmp / "api.log")
+                await stack.wait_healthy()
+            else:
+                await asyncio.to_thread(server.stop)
+                server.start()
+                await server.wait_ready_async(timeout=60)
+                await stack.wait_healthy()
+        while (await _completed(client, batch_id))[0] not in (
+            "completed",
+            "failed",
+            "expired",
+            "cancelled",
+        ):
+            await asyncio.sleep(0.5)
+        report.seconds = time.monotonic() - t0
+        batch = await client.batches.retrieve(batch_id)
+        report.status = batch.status
+        assert batch.request_counts is not None
+        report.completed = batch.request_counts.completed
+        report.failed = batch.request_counts.failed
+        ids, errors = await output_ids(client, batch)
+        seen = ids + [str(e["custom_id"]) for e in errors]
+        expected = {f"chaos-{i}" for i in range(lines)}
+        counts: dict[str, int] = {}
+        for cid in seen:
+            counts[cid] = counts.get(cid, 0) + 1
+        report.missing = sorted(expected - counts.keys())
+        report.duplicated = sorted(c for c, n in counts.items() if n > 1)
+        stats: dict[str, Any] = stack.sim.app.stats_dict()
+        report.upstream_requests = int(stats["batch"]["requests_total"])
+        return report
+    finally:
+        await stack.stop()
+        await asyncio.to_thread(server.stop)

@@ -1,0 +1,16 @@
+"""Reduced-size chaos run in CI (the full 20,000-line run is bench/chaos.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.e2e.chaos import run_chaos
+
+
+async def test_batch_survives_worker_kills_and_restarts(tmp_path: Path) -> None:
+    report = await run_chaos(tmp_path, lines=1200)
+    assert report.status == "completed", report
+    assert report.missing == [] and report.duplicated == [], report
+    assert report.completed == 1200 and report.failed == 0, report
+    # Lines in flight at each kill were sent again, yet committed once.
+    assert report.upstream_requests >= 1200
