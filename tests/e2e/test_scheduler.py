@@ -85,7 +85,10 @@ async def test_cap_holds_across_workers_workspaces_and_batches(
     assert stats["batch"]["peak_concurrent"] <= 4, stats["batch"]
     assert stats["batch"]["requests_total"] >= sum(sizes)
     # While demand exceeded the cap, the route stayed full: every slot held by a batch...
-    assert [a for a, queued in allotted if queued > 0 and a < 4] == [], allotted
+    # (a query may land between a batch leaving and the next allocation, so one sample may
+    # catch a slot in hand-over; two in a row, half a second apart, may not)
+    under = [queued > 0 and held < 4 for held, queued in allotted]
+    assert not any(a and b for a, b in zip(under, under[1:], strict=False)), allotted
     # ...and busy upstream (each handover costs a Temporal round trip, tens of ms here).
     busy = samples[len(samples) // 10 : len(samples) // 2]
     assert max(samples) == 4 and statistics.mean(busy) >= 2.0, busy
