@@ -19,7 +19,15 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 def test_histories_exist() -> None:
     names = {p.stem for p in HISTORIES}
-    assert {"batch_completed_paused", "batch_cancelled", "route_scheduler"} <= names
+    assert {
+        "batch_completed_paused",
+        "batch_cancelled",
+        "batch_failed_validation",
+        "batch_expired",
+        "batch_continued_as_new",
+        "route_scheduler",
+        "route_scheduler_continued_as_new",
+    } <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
