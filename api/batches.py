@@ -101,6 +101,7 @@ async def create_batch(
     now_ms = int(time.time() * 1000)
     now = now_ms // 1000
     batch_id = new_batch_id(now_ms)
+    store.snapshot_input(batch_id, file.id)
     allowed = None
     inp = BatchInput(
         batch_id=batch_id,

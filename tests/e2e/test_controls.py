@@ -160,3 +160,17 @@ async def test_pause_and_resume_as_temporal_signals_from_the_cli(ctl_stack: Stac
     assert batch.status == "completed"
     ids, errors = await output_ids(client, batch)
     assert sorted(ids) == sorted(f"cli-{i}" for i in range(20)) and errors == []
+
+
+async def test_deleting_the_input_file_does_not_break_a_running_batch(ctl_stack: Stack) -> None:
+    stack = ctl_stack
+    client = stack.client()
+    batch_id = await submit(stack, 20, prefix="del")
+    await wait_completed_at_least(stack, batch_id, 2)
+    batch = await client.batches.retrieve(batch_id)
+    deleted = await client.files.delete(batch.input_file_id)
+    assert deleted.deleted
+    batch = await wait_terminal(client, batch_id, within=120)
+    assert batch.status == "completed"  # the batch runs from its own pinned copy
+    ids, errors = await output_ids(client, batch)
+    assert sorted(ids) == sorted(f"del-{i}" for i in range(20)) and errors == []

@@ -1,0 +1,60 @@
+"""A model with two routes: lines are split at validation and each route progresses under its
+own scheduler and cap; a full route never spills onto the other."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest_asyncio
+
+from backfill.sim import SimConfig
+from tests.e2e.stack import Stack, output_ids, submit
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def two_routes(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
+    s = Stack(
+        tmp_path,
+        dev_server.address,
+        cap=4,
+        extra_routes=1,
+        sim=SimConfig(model_names=[], latency_ms=100),
+    )
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack) -> None:
+    stack = two_routes
+    fast, slow = stack.routes
+    admin = {"Authorization": "Bearer sk-test-admin"}
+    async with httpx.AsyncClient(headers=admin) as http:
+        url = f"{stack.api_url}/api/v1/platform/deployments/{slow}/batch-scheduling"
+        assert (await http.put(url, json={"max_concurrent_lines": 1})).status_code == 200
+    client = stack.client()
+    batch_id = await submit(stack, 60, prefix="two")
+    peak: dict[str, int] = {fast: 0, slow: 0}
+    totals: dict[str, int] = {}
+    while True:
+        b = await client.batches.retrieve(batch_id)
+        for r in (b.model_extra or {})["backfill"]["routes"]:
+            peak[r["route"]] = max(peak[r["route"]], r["running_lines"])
+            totals[r["route"]] = r["total_lines"]
+        if b.status in ("completed", "failed", "expired", "cancelled"):
+            break
+        await asyncio.sleep(0.05)
+    assert b.status == "completed"
+    # Lines were split between both routes at validation (weights 1:1) and stayed there.
+    assert totals[fast] > 10 and totals[slow] > 10 and totals[fast] + totals[slow] == 60
+    for r in (b.model_extra or {})["backfill"]["routes"]:
+        assert r["finished_lines"] == r["total_lines"]
+    # The slow route's cap of 1 held; the other route used its own four slots meanwhile.
+    assert peak[slow] == 1 and peak[fast] > 1
+    ids, errors = await output_ids(client, b)
+    assert sorted(ids) == sorted(f"two-{i}" for i in range(60)) and errors == []
