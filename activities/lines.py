@@ -191,7 +191,7 @@ class LineActivities:
                     data = json.dumps(error_record(custom_id, code, msg)).encode()
                 outcome = outcome_from_record(line_no, data)
                 if outcome.usage is not None:
-                    _add(usage, outcome.usage)
+                    usage.add(outcome.usage)
                 if outcome.ok:
                     out.completed += 1
                     ok_up.write(data + b"\n")
@@ -263,14 +263,6 @@ def _usage(u: Any) -> TokenCounts | None:
         cached_tokens=int(cached),
         reasoning_tokens=int(reasoning),
     )
-
-
-def _add(into: TokenCounts, other: TokenCounts) -> None:
-    into.input_tokens += other.input_tokens
-    into.output_tokens += other.output_tokens
-    into.total_tokens += other.total_tokens
-    into.cached_tokens += other.cached_tokens
-    into.reasoning_tokens += other.reasoning_tokens
 
 
 def _status_of(record: dict[str, Any]) -> int | None:

@@ -72,13 +72,20 @@ class Usage(BaseModel):
 
 
 class TokenCounts(BaseModel):
-    """Token usage of one line, as reported by the upstream."""
+    """Token usage of one line (or a sum of lines), as reported by the upstream."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+
+    def add(self, other: TokenCounts) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.total_tokens += other.total_tokens
+        self.cached_tokens += other.cached_tokens
+        self.reasoning_tokens += other.reasoning_tokens
 
 
 class RouteProgress(BaseModel):

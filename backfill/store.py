@@ -215,20 +215,14 @@ class FileStore:
         Returns (the committed record, True if this call committed it)."""
         path = self._result_path(batch_id, line_no)
         _mkdir(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        tmp = _write_temp(path.parent, record)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(record)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, FILE_MODE)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return path.read_bytes(), False
-            return record, True
+            os.link(tmp, path)
+        except FileExistsError:
+            return path.read_bytes(), False
         finally:
             os.unlink(tmp)
+        return record, True
 
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         try:
@@ -285,14 +279,24 @@ def _mkdir(d: Path) -> None:
     d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+def _write_temp(directory: Path, data: bytes) -> str:
+    """Write data durably to a new 0600 temp file in `directory`; returns its path."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = _write_temp(path.parent, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,79 @@
+"""The file store: permissions, streaming cap, first-writer-wins results, pinned inputs."""
+
+from __future__ import annotations
+
+import stat
+from array import array
+from pathlib import Path
+
+import pytest
+
+from backfill.store import FileStore, FileTooLarge, RouteLines
+
+
+def mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def upload(store: FileStore, data: bytes, cap: int = 1 << 20) -> str:
+    up = store.begin_upload(cap)
+    up.write(data)
+    return up.finish(workspace="w", filename="in.jsonl", purpose="batch").id
+
+
+def test_files_are_0600_and_directories_0750(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "s")
+    file_id = upload(store, b'{"a":1}\n')
+    assert mode(store.content_path(file_id)) == 0o600
+    assert mode(tmp_path / "s" / "files" / f"{file_id}.json") == 0o600
+    for d in (tmp_path / "s", tmp_path / "s" / "files", tmp_path / "s" / "batches"):
+        assert mode(d) == 0o750
+    store.commit_result("batch_abc", 3, b"{}")
+    result = tmp_path / "s" / "batches" / "batch_abc" / "results" / "00000" / "3.json"
+    assert mode(result) == 0o600 and mode(result.parent) == 0o750
+
+
+def test_upload_cap_is_enforced_while_streaming(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    up = store.begin_upload(10)
+    up.write(b"x" * 10)
+    with pytest.raises(FileTooLarge):
+        up.write(b"y")
+    up.abort()
+    assert list((tmp_path / "files").iterdir()) == []
+
+
+def test_first_result_wins(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    assert store.commit_result("batch_x", 0, b"first") == (b"first", True)
+    assert store.commit_result("batch_x", 0, b"second") == (b"first", False)
+    assert store.get_result("batch_x", 0) == b"first"
+    assert store.get_result("batch_x", 1) is None
+    leftovers = [p for p in (tmp_path / "batches").rglob(".tmp-*")]
+    assert leftovers == []
+
+
+def test_index_and_pinned_input_survive_deleting_the_upload(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    data = b'{"custom_id":"a"}\n{"custom_id":"b"}\n'
+    file_id = upload(store, data)
+    store.snapshot_input("batch_y", file_id)
+    store.write_index(
+        "batch_y",
+        array("Q", [0, 18]),
+        array("I", [17, 17]),
+        [RouteLines("r", "m", 2)],
+        [array("I", [0, 1])],
+    )
+    assert store.delete_file(file_id)
+    assert store.get_file(file_id) is None
+    assert store.read_line("batch_y", file_id, 1) == b'{"custom_id":"b"}'
+    assert store.line_number("batch_y", 0, 1) == 1
+    assert [raw for _, raw in store.iter_lines("batch_y", file_id)] == data.split(b"\n")[:2]
+
+
+def test_ids_outside_the_store_are_refused(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    assert store.get_file("../../etc/passwd") is None
+    with pytest.raises(KeyError):
+        store.commit_result("../x", 0, b"")
