@@ -187,7 +187,7 @@ async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) 
             f"Cannot cancel a batch with status '{batch.status}'.", code="invalid_batch_status"
         )
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
-    return _public(await handle.execute_update(BatchWorkflow.cancel))
+    return _public(await handle.execute_update(BatchWorkflow.cancel_now))
 
 
 @router.post("/{batch_id}/pause")

@@ -358,15 +358,22 @@ class BatchWorkflow:
         self._update_summary()
         self._dirty = True
 
-    @workflow.update
-    def cancel(self) -> Batch:
+    @workflow.signal
+    def cancel(self) -> None:
+        """Operators: `temporal workflow signal --workflow-id <batch id> --name cancel`."""
         if self._b.status in ("validating", "in_progress"):
             self._b.status = "cancelling"
             self._b.cancelling_at = _now()
             for lane in self._lanes:
                 lane.stop()
             self._set_status_attribute()
+            self._update_summary()
             self._dirty = True
+
+    @workflow.update
+    def cancel_now(self) -> Batch:
+        """The api's cancel: same as the signal, answering with the batch as it now is."""
+        self.cancel()
         return self._b
 
     @workflow.query

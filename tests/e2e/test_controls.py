@@ -126,7 +126,7 @@ async def test_cancel_a_paused_batch_keeps_partial_results(ctl_stack: Stack) -> 
     assert batch.request_counts.total == 25
 
 
-async def test_pause_and_resume_as_temporal_signals_from_the_cli(ctl_stack: Stack) -> None:
+async def test_pause_resume_and_cancel_as_temporal_signals_from_the_cli(ctl_stack: Stack) -> None:
     stack = ctl_stack
     batch_id = await submit(stack, 20, prefix="cli")
     await wait_completed_at_least(stack, batch_id, 2)
@@ -160,6 +160,15 @@ async def test_pause_and_resume_as_temporal_signals_from_the_cli(ctl_stack: Stac
     assert batch.status == "completed"
     ids, errors = await output_ids(client, batch)
     assert sorted(ids) == sorted(f"cli-{i}" for i in range(20)) and errors == []
+    # Cancel, also a plain signal: running lines finish, the rest become batch_cancelled.
+    batch_id = await submit(stack, 30, prefix="clicx")
+    await wait_completed_at_least(stack, batch_id, 2)
+    await asyncio.to_thread(signal, "cancel")
+    batch = await wait_terminal(client, batch_id, within=120)
+    assert batch.status == "cancelled"
+    ids, errors = await output_ids(client, batch)
+    assert len(ids) >= 2 and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert sorted(ids + [e["custom_id"] for e in errors]) == sorted(f"clicx-{i}" for i in range(30))
 
 
 async def test_deleting_the_input_file_does_not_break_a_running_batch(ctl_stack: Stack) -> None:
