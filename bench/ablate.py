@@ -5,7 +5,7 @@ touched) so a run can say how much of the gap to the bare baseline each cost exp
 measured with an ablation are not backfill's throughput: they are estimates of what a change
 would buy.
 
-- `heartbeat`: `run_line` sends no heartbeat (it sends one per line today, at its start: an extra
+- `heartbeat`: `run_line` sends no heartbeat (it used to send one per line at its start, an extra
   RPC and an extra mutable-state write on the server per line).
 - `fsync`: `FileStore.commit_result` writes and links its record without `os.fsync` (which today
   blocks the worker's event loop once per line).
