@@ -183,3 +183,28 @@ async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, within: float
         if time.monotonic() > deadline:
             raise TimeoutError(f"batch {batch_id} still {batch.status}: {batch}")
         await asyncio.sleep(0.25)
+
+
+def auth(key: str = API_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def assert_error(
+    resp: httpx.Response,
+    status: int,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    type_: str = "invalid_request_error",
+) -> dict[str, Any]:
+    """The response is OpenAI's error envelope with exactly these status, param and code."""
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"], err
+    assert err["type"] == type_, err
+    assert err["param"] == param, err
+    assert err["code"] == code, err
+    return err  # type: ignore[no-any-return]

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from openai.types import Batch as SDKBatch
 
-from tests.e2e.stack import Stack, jsonl, wait_terminal
+from tests.e2e.stack import Stack, assert_error, auth, jsonl, wait_terminal
 
 ALPHA, BETA, GAMMA = "sk-test-alpha", "sk-test-beta", "sk-test-gamma"
 ENDPOINT = "/v1/chat/completions"
@@ -59,29 +59,6 @@ async def finished(stack: Stack, alpha_file: str) -> SDKBatch:
     done = await wait_terminal(client, b.id, within=60)
     assert done.status == "completed", done
     return done
-
-
-def auth(key: str = ALPHA) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def assert_error(
-    resp: httpx.Response,
-    status: int,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    assert isinstance(err["message"], str) and err["message"], err
-    assert err["type"] == "invalid_request_error", err
-    assert err["param"] == param, err
-    assert err["code"] == code, err
-    return err
 
 
 async def sim_batch_requests(stack: Stack) -> dict[str, int]:

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from openai.types import FileDeleted, FileObject
 
-from tests.e2e.stack import Stack, jsonl
+from tests.e2e.stack import Stack, assert_error, auth, jsonl
 
 ALPHA, BETA, GAMMA, ADMIN = "sk-test-alpha", "sk-test-beta", "sk-test-gamma", "sk-test-admin"
 MiB = 1024 * 1024
@@ -55,30 +55,6 @@ async def small_stack(
 async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=120, trust_env=False) as c:
         yield c
-
-
-def auth(key: str = ALPHA) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def assert_error(
-    resp: httpx.Response,
-    status: int,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    type_: str = "invalid_request_error",
-) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    assert isinstance(err["message"], str) and err["message"], err
-    assert err["type"] == type_, err
-    assert err["param"] == param, err
-    assert err["code"] == code, err
-    return err
 
 
 def store_dir(stack: Stack) -> Path:
