@@ -14,11 +14,13 @@ import os
 import tomllib
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -95,56 +97,38 @@ class Settings(BaseSettings):
         case_sensitive=True,
     )
 
-    data_dir: Path = Field(
-        default=Path("data"), validation_alias=AliasChoices("BACKFILL_DATA_DIR", "data_dir")
-    )
+    data_dir: Path = Field(default=Path("data"), validation_alias="BACKFILL_DATA_DIR")
     """Root of the file store (uploads, per-line results, outputs)."""
     temporal_address: str = Field(
         default="127.0.0.1:7233",
-        validation_alias=AliasChoices("TEMPORAL_ADDRESS", "temporal_address"),
+        validation_alias="TEMPORAL_ADDRESS",
     )
     temporal_namespace: str = Field(
         default="default",
-        validation_alias=AliasChoices("TEMPORAL_NAMESPACE", "temporal_namespace"),
+        validation_alias="TEMPORAL_NAMESPACE",
     )
     temporal_api_key: str | None = Field(
         default=None,
         repr=False,
-        validation_alias=AliasChoices("TEMPORAL_API_KEY", "temporal_api_key"),
+        validation_alias="TEMPORAL_API_KEY",
     )
     """API key for Temporal Cloud or a secured cluster (env only in practice; never logged)."""
-    temporal_tls: bool = Field(
-        default=False, validation_alias=AliasChoices("TEMPORAL_TLS", "temporal_tls")
-    )
-    temporal_tls_cert: Path | None = Field(
-        default=None, validation_alias=AliasChoices("TEMPORAL_TLS_CERT", "temporal_tls_cert")
-    )
-    temporal_tls_key: Path | None = Field(
-        default=None, validation_alias=AliasChoices("TEMPORAL_TLS_KEY", "temporal_tls_key")
-    )
-    task_queue: str = Field(
-        default="backfill", validation_alias=AliasChoices("BACKFILL_TASK_QUEUE", "task_queue")
-    )
-    api_host: str = Field(
-        default="127.0.0.1", validation_alias=AliasChoices("BACKFILL_API_HOST", "api_host")
-    )
-    api_port: int = Field(
-        default=8000, validation_alias=AliasChoices("BACKFILL_API_PORT", "api_port")
-    )
+    temporal_tls: bool = Field(default=False, validation_alias="TEMPORAL_TLS")
+    temporal_tls_cert: Path | None = Field(default=None, validation_alias="TEMPORAL_TLS_CERT")
+    temporal_tls_key: Path | None = Field(default=None, validation_alias="TEMPORAL_TLS_KEY")
+    task_queue: str = Field(default="backfill", validation_alias="BACKFILL_TASK_QUEUE")
+    api_host: str = Field(default="127.0.0.1", validation_alias="BACKFILL_API_HOST")
+    api_port: int = Field(default=8000, validation_alias="BACKFILL_API_PORT")
     worker_max_concurrent_activities: int = Field(
         default=512,
         ge=1,
-        validation_alias=AliasChoices(
-            "BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES", "worker_max_concurrent_activities"
-        ),
+        validation_alias="BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES",
     )
     """Activity slots per worker: must cover the sum of route caps this worker serves."""
     scheduler_reconcile_seconds: float = Field(
         default=30.0,
         gt=0,
-        validation_alias=AliasChoices(
-            "BACKFILL_SCHEDULER_RECONCILE_SECONDS", "scheduler_reconcile_seconds"
-        ),
+        validation_alias="BACKFILL_SCHEDULER_RECONCILE_SECONDS",
     )
     """How often a route's scheduler checks that the batches holding its slots still run."""
     limits: Limits = Field(default_factory=Limits)
@@ -160,8 +144,12 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The environment wins over the file (which arrives as init kwargs).
-        return (env_settings, init_settings)
+        # The environment wins over the file (which arrives as init kwargs); models, limits
+        # and API keys come from the file only.
+        return (
+            _ScalarEnv(settings_cls, env_prefix="BACKFILL_", case_sensitive=True),
+            init_settings,
+        )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Settings:
@@ -190,6 +178,18 @@ class Settings(BaseSettings):
     def key_for(self, presented: str) -> ApiKeyConfig | None:
         digest = hash_key(presented)
         return next((k for k in self.api_keys if k.sha256 == digest), None)
+
+
+FILE_ONLY = frozenset({"models", "limits", "api_keys"})
+
+
+class _ScalarEnv(EnvSettingsSource):
+    """The environment source, minus the structured sections that belong to the file."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if field_name in FILE_ONLY:
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
 
 
 def hash_key(key: str) -> str:

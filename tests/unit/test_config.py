@@ -154,3 +154,25 @@ def test_hash_key() -> None:
     # SHA-256 test vector for "abc".
     assert hash_key("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert hash_key("sk-backfill-dev") in DEV_TOML.read_text()
+
+
+def test_only_documented_environment_names_are_read(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Stray variables (lower-case field names, MODELS, DATA_DIR) never change the config."""
+    from backfill.config import load_settings as load
+
+    for name, value in {
+        "api_port": "1",
+        "data_dir": "/stray",
+        "DATA_DIR": "/stray",
+        "MODELS": "[]",
+        "BACKFILL_models": "[]",
+        "BACKFILL_limits": "{}",
+        "task_queue": "stray",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("BACKFILL_CONFIG", raising=False)
+    s = load(Path("backfill.toml"))
+    assert s.api_port == 8000 and str(s.data_dir) == "data" and s.task_queue == "backfill"
+    assert [m.id for m in s.models] == ["demo"]
+    monkeypatch.setenv("BACKFILL_API_PORT", "9001")
+    assert load(Path("backfill.toml")).api_port == 9001
