@@ -107,10 +107,16 @@ class BatchWorkflow:
                 workflow.continue_as_new(input.model_copy(update={"state": self._s}))
             if not ending and not self._b.backfill.paused and not self._draining:
                 self._start_lines()
-            await self._report_demands()
-            self._update_summary()
-            self._alarm.set(self._next_wakeup(expires_at))
-            await workflow.wait_condition(lambda: self._dirty)
+            try:
+                await self._report_demands()
+                self._update_summary()
+                self._alarm.set(self._next_wakeup(expires_at))
+                await workflow.wait_condition(lambda: self._dirty)
+            except asyncio.CancelledError:
+                # Cancelled from the Temporal UI or `temporal workflow cancel`: the same as the
+                # `cancel` signal, so running lines finish and the partial results are kept.
+                workflow.logger.info("workflow cancellation requested: cancelling the batch")
+                self.cancel()
         await self._finish()
         return self._b
 

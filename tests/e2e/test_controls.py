@@ -183,3 +183,32 @@ async def test_deleting_the_input_file_does_not_break_a_running_batch(ctl_stack:
     assert batch.status == "completed"  # the batch runs from its own pinned copy
     ids, errors = await output_ids(client, batch)
     assert sorted(ids) == sorted(f"del-{i}" for i in range(20)) and errors == []
+
+
+async def test_temporal_workflow_cancel_keeps_partial_results(ctl_stack: Stack) -> None:
+    """The Temporal UI's Cancel button (a workflow cancellation request) cancels the batch the
+    same way as the signal: running lines finish and the files are assembled."""
+    stack = ctl_stack
+    client = stack.client()
+    batch_id = await submit(stack, 30, prefix="wfcx")
+    await wait_completed_at_least(stack, batch_id, 2)
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(temporal_cli_path()),
+            "workflow",
+            "cancel",
+            "--address",
+            stack.temporal_address,
+            "--workflow-id",
+            batch_id,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    batch = await wait_terminal(client, batch_id, within=120)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    ids, errors = await output_ids(client, batch)
+    assert len(ids) >= 2 and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert sorted(ids + [e["custom_id"] for e in errors]) == sorted(f"wfcx-{i}" for i in range(30))
