@@ -68,7 +68,6 @@ class BatchInput(BaseModel):
 class BatchState(BaseModel):
     batch: Batch
     lanes: list[Lane] = Field(default_factory=list)
-    cancel_requested_by: str | None = None
 
 
 @workflow.defn
