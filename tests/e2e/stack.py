@@ -37,6 +37,7 @@ class Stack:
         extra_routes: int = 0,
         limits: dict[str, Any] | None = None,
         reconcile_seconds: float = 2.0,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.tmp = tmp
         self.temporal_address = temporal_address
@@ -49,6 +50,7 @@ class Stack:
         self.api_port = free_port()
         self.limits = limits or {}
         self.reconcile_seconds = reconcile_seconds
+        self.extra_env = extra_env or {}
         self.workers: list[Child] = []
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
@@ -66,6 +68,7 @@ class Stack:
             "BACKFILL_DATA_DIR": str(self.tmp / "data"),
             "BACKFILL_LOG_LEVEL": "WARNING",
             "BACKFILL_SCHEDULER_RECONCILE_SECONDS": str(self.reconcile_seconds),
+            **self.extra_env,
         }
 
     def _write_config(self) -> None:
