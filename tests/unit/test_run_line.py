@@ -1,0 +1,162 @@
+"""run_line against a mocked upstream (httpx.MockTransport): each outcome a user sees in the
+output and error files, and the exactly-once commit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.lines import LineActivities
+from backfill.config import Settings
+from backfill.store import FileStore
+from workflows.messages import LineInput, ValidateInput
+
+BATCH = "batch_unit"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def make(tmp_path: Path, handler: Handler) -> tuple[LineActivities, str, FileStore]:
+    settings = Settings(
+        data_dir=tmp_path,
+        models=[{"id": "demo", "routes": [{"id": "r1", "base_url": "http://upstream/v1"}]}],
+        limits={"line_timeout_seconds": 0.3, "max_response_bytes": 2048},
+    )
+    store = FileStore(tmp_path)
+    up = store.begin_upload(1 << 20)
+    for i in range(3):
+        line = {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
+        }
+        up.write(json.dumps(line).encode() + b"\n")
+    file_id = up.finish(workspace="w", filename="in.jsonl", purpose="batch").id
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    acts = LineActivities(settings, store, http)
+    out = asyncio.run(
+        ActivityEnvironment().run(
+            acts.validate_input,
+            ValidateInput(batch_id=BATCH, input_file_id=file_id, endpoint="/v1/chat/completions"),
+        )
+    )
+    assert out.total == 3 and not out.errors
+    return acts, file_id, store
+
+
+def line(file_id: str, position: int = 0, final: bool = True) -> LineInput:
+    return LineInput(
+        batch_id=BATCH,
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        route_id="r1",
+        route_index=0,
+        position=position,
+        final_attempt=final,
+    )
+
+
+def run(acts: LineActivities, inp: LineInput):  # type: ignore[no-untyped-def]
+    return asyncio.run(ActivityEnvironment().run(acts.run_line, inp))
+
+
+def record(store: FileStore, line_no: int = 0) -> dict:  # type: ignore[type-arg]
+    data = store.get_result(BATCH, line_no)
+    assert data is not None
+    return json.loads(data)  # type: ignore[no-any-return]
+
+
+OK_BODY = {"id": "x", "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+def test_success_is_committed_with_usage_and_the_batch_header(tmp_path: Path) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        return httpx.Response(200, json=OK_BODY, headers={"x-request-id": "req-1"})
+
+    acts, file_id, store = make(tmp_path, handler)
+    out = run(acts, line(file_id))
+    assert out.ok and out.status_code == 200 and out.usage.total_tokens == 5
+    assert str(seen[0].url) == "http://upstream/v1/chat/completions"
+    assert seen[0].headers["X-Backfill-Batch"] == BATCH
+    assert json.loads(seen[0].content)["model"] == "demo"
+    rec = record(store)
+    assert rec["custom_id"] == "c0" and rec["error"] is None
+    assert rec["response"] == {"status_code": 200, "request_id": "req-1", "body": OK_BODY}
+
+
+def test_a_committed_line_is_never_sent_again(tmp_path: Path) -> None:
+    calls = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        return httpx.Response(200, json=OK_BODY)
+
+    acts, file_id, store = make(tmp_path, handler)
+    first = run(acts, line(file_id))
+    again = run(acts, line(file_id))  # e.g. its worker died after committing
+    assert len(calls) == 1 and again == first
+
+
+def test_client_errors_go_to_the_error_file_with_their_response(tmp_path: Path) -> None:
+    acts, file_id, store = make(
+        tmp_path, lambda r: httpx.Response(400, json={"error": {"message": "bad"}})
+    )
+    out = run(acts, line(file_id))
+    assert not out.ok and not out.retry and out.status_code == 400
+    assert record(store)["response"]["body"] == {"error": {"message": "bad"}}
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_rate_limits_are_retried_then_committed_on_the_final_attempt(
+    tmp_path: Path, status: int
+) -> None:
+    acts, file_id, store = make(tmp_path, lambda r: httpx.Response(status, json={}))
+    out = run(acts, line(file_id, final=False))
+    assert out.retry and store.get_result(BATCH, 0) is None  # back to the queue, no record
+    out = run(acts, line(file_id, final=True))
+    assert not out.retry and not out.ok and record(store)["response"]["status_code"] == status
+
+
+def test_connection_refused_is_retried(tmp_path: Path) -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=req)
+
+    acts, file_id, store = make(tmp_path, handler)
+    assert run(acts, line(file_id, final=False)).retry
+    out = run(acts, line(file_id, final=True))
+    assert out.error_code == "connection_error" and record(store)["response"] is None
+
+
+def test_a_response_over_the_cap_fails_the_line(tmp_path: Path) -> None:
+    acts, file_id, store = make(tmp_path, lambda r: httpx.Response(200, content=b"x" * 5000))
+    out = run(acts, line(file_id))
+    assert out.error_code == "response_too_large" and not out.ok
+
+
+def test_a_slow_upstream_fails_the_line_with_request_timeout(tmp_path: Path) -> None:
+    async def slow(req: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(5)
+        return httpx.Response(200, json=OK_BODY)
+
+    acts, file_id, store = make(tmp_path, slow)  # type: ignore[arg-type]
+    out = run(acts, line(file_id))
+    assert out.error_code == "request_timeout"
+    assert record(store)["error"]["code"] == "request_timeout"
+
+
+def test_give_up_commits_an_error_without_sending(tmp_path: Path) -> None:
+    calls = []
+    acts, file_id, store = make(tmp_path, lambda r: calls.append(r) or httpx.Response(200))
+    inp = line(file_id).model_copy(update={"give_up_code": "line_lost", "give_up_message": "m"})
+    out = run(acts, inp)
+    assert out.error_code == "line_lost" and calls == []
+    assert record(store)["error"] == {"code": "line_lost", "message": "m"}
