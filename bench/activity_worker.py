@@ -15,16 +15,14 @@ import signal
 import sys
 from pathlib import Path
 
-import httpx
 from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.control import ControlActivities  # noqa: E402
-from activities.lines import LineActivities  # noqa: E402
 from backfill.config import Settings  # noqa: E402
 from backfill.devserver import connect_client  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
+from worker.main import activities, upstream_client  # noqa: E402
 
 
 async def main(settings: Settings, ready_file: Path) -> None:
@@ -34,20 +32,11 @@ async def main(settings: Settings, ready_file: Path) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     store = FileStore(settings.data_dir)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as http:
-        lines = LineActivities(settings, store, http)
-        control = ControlActivities(settings, client)
+    async with upstream_client() as http:
         worker = Worker(
             client,
             task_queue=settings.task_queue,
-            activities=[
-                lines.validate_input,
-                lines.run_line,
-                lines.finalize_batch,
-                control.report_demand,
-                control.find_closed_batches,
-            ],
+            activities=activities(settings, store, http, client),
             max_concurrent_activities=settings.worker_max_concurrent_activities,
         )
         async with worker:

@@ -349,11 +349,12 @@ async def probe_http(base_url: str, n: int, concurrency: int) -> dict[str, Any]:
     """n chat completions at `concurrency` with the worker's httpx settings (no Temporal)."""
     import httpx
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    from worker.main import upstream_client
+
     url = base_url.rstrip("/") + "/chat/completions"
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
     sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as http:
+    async with upstream_client() as http:
         errors: list[str] = []
 
         async def one() -> None:

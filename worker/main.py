@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -24,27 +25,39 @@ from workflows.scheduler import RouteSchedulerWorkflow
 log = logging.getLogger(__name__)
 
 
+def activities(
+    settings: Settings, store: FileStore, http: httpx.AsyncClient, client: Client
+) -> list[Callable[..., Any]]:
+    """Every activity a worker serves, bound to its clients (one list for every worker kind)."""
+    lines = LineActivities(settings, store, http)
+    control = ControlActivities(settings, client)
+    return [
+        lines.validate_input,
+        lines.run_line,
+        lines.finalize_batch,
+        control.report_demand,
+        control.find_closed_batches,
+    ]
+
+
+def upstream_client() -> httpx.AsyncClient:
+    """The httpx client for model servers: pooled, no redirects, no proxies from the env."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    return httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False)
+
+
 @contextlib.asynccontextmanager
 async def running_worker(
     client: Client, settings: Settings, *, task_queue: str | None = None
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit."""
     store = FileStore(settings.data_dir)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as http:
-        lines = LineActivities(settings, store, http)
-        control = ControlActivities(settings, client)
+    async with upstream_client() as http:
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
             workflows=[BatchWorkflow, RouteSchedulerWorkflow],
-            activities=[
-                lines.validate_input,
-                lines.run_line,
-                lines.finalize_batch,
-                control.report_demand,
-                control.find_closed_batches,
-            ],
+            activities=activities(settings, store, http, client),
             max_concurrent_activities=settings.worker_max_concurrent_activities,
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
         )

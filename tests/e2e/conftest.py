@@ -11,8 +11,5 @@ from tests.e2e.stack import Stack
 @pytest_asyncio.fixture(loop_scope="session")
 async def stack(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
     s = Stack(tmp_path, dev_server.address)
-    await s.start()
-    try:
+    async with s.running():
         yield s
-    finally:
-        await s.stop()

@@ -5,8 +5,10 @@ routes, data directory and ports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,14 @@ class Stack:
         self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
         await self.wait_healthy()
         return self
+
+    @contextlib.asynccontextmanager
+    async def running(self, workers: int = 1) -> AsyncIterator[Stack]:
+        """Started for the body of the `with`, stopped after it (also on failure)."""
+        try:
+            yield await self.start(workers)
+        finally:
+            await self.stop()
 
     def start_worker(self) -> Child:
         child = Child(f"worker{len(self.workers)}")

@@ -29,11 +29,8 @@ TINY_LINE = (
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(tmp_path_factory: pytest.TempPathFactory, dev_server: Any) -> AsyncIterator[Stack]:
     s = Stack(tmp_path_factory.mktemp("batches-api"), dev_server.address)
-    await s.start()
-    try:
+    async with s.running():
         yield s
-    finally:
-        await s.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

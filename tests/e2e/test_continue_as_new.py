@@ -30,11 +30,8 @@ async def can_stack(tmp_path: Path) -> AsyncIterator[Stack]:
     try:
         await server.wait_ready_async(timeout=60)
         s = Stack(tmp_path, server.address, cap=3, sim=SimConfig(model_names=[], latency_ms=30))
-        await s.start()
-        try:
+        async with s.running():
             yield s
-        finally:
-            await s.stop()
     finally:
         await asyncio.to_thread(server.stop)
 

@@ -26,11 +26,8 @@ async def ctl_stack(tmp_path_factory, dev_server) -> AsyncIterator[Stack]:  # ty
         cap=2,
         sim=SimConfig(model_names=[], latency_ms=150),
     )
-    await s.start()
-    try:
+    async with s.running():
         yield s
-    finally:
-        await s.stop()
 
 
 async def post(stack: Stack, batch_id: str, action: str) -> httpx.Response:

@@ -15,11 +15,8 @@ from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
 @pytest_asyncio.fixture(loop_scope="session")
 async def slow_stack(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
     s = Stack(tmp_path, dev_server.address, cap=4, sim=SimConfig(model_names=[], latency_ms=300))
-    await s.start()
-    try:
+    async with s.running():
         yield s
-    finally:
-        await s.stop()
 
 
 async def test_sigkill_worker_mid_batch_completes_exactly_once(slow_stack: Stack) -> None:

@@ -28,11 +28,8 @@ DEFAULT_CAP = 200 * MiB
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(tmp_path_factory: pytest.TempPathFactory, dev_server: Any) -> AsyncIterator[Stack]:
     s = Stack(tmp_path_factory.mktemp("files-api"), dev_server.address)
-    await s.start(workers=0)
-    try:
+    async with s.running(workers=0):
         yield s
-    finally:
-        await s.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -44,11 +41,8 @@ async def small_stack(
         dev_server.address,
         limits={"max_file_bytes": 1_000_000},
     )
-    await s.start(workers=0)
-    try:
+    async with s.running(workers=0):
         yield s
-    finally:
-        await s.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

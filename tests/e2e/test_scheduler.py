@@ -26,11 +26,8 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 @pytest_asyncio.fixture(loop_scope="session")
 async def two_workers(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
     s = Stack(tmp_path, dev_server.address, cap=4, sim=SimConfig(model_names=[], latency_ms=300))
-    await s.start(workers=2)
-    try:
+    async with s.running(workers=2):
         yield s
-    finally:
-        await s.stop()
 
 
 async def scheduler_status(client: Client, route_id: str) -> SchedulerStatus:

@@ -23,11 +23,8 @@ async def two_routes(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # typ
         extra_routes=1,
         sim=SimConfig(model_names=[], latency_ms=100),
     )
-    await s.start()
-    try:
+    async with s.running():
         yield s
-    finally:
-        await s.stop()
 
 
 async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack) -> None:

@@ -24,11 +24,8 @@ async def small_worker(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # t
         # The route allows 4 lines, the one worker runs only 2 activities at once.
         extra_env={"BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES": "2"},
     )
-    await s.start()
-    try:
+    async with s.running():
         yield s
-    finally:
-        await s.stop()
 
 
 async def test_allotted_lines_waiting_for_worker_slots_say_so(small_worker: Stack) -> None:
