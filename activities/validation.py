@@ -1,436 +1,50 @@
-"""Validation of a batch input file (JSONL), streamed once, plus the batch's line index.
-
-Pure code (no Temporal import): the validation activity opens the stored input file, calls
-`validate_input` and, when the outcome has no errors, writes the index with
-`FileStore.write_index(batch_id, outcome.offsets, outcome.lengths, outcome.routes,
-outcome.route_line_numbers)`.
-
-The file is read in chunks and split on b"\\n"; no line is buffered beyond
-`limits.max_line_bytes` (+1 byte for a trailing \\r): longer lines are skipped up to the next
-newline and reported as `line_too_large`. Lines that are empty or whitespace-only are neither
-requests nor errors. Every other physical line is a request line: the request-line count is what
-`limits.max_lines_per_batch` bounds, and request lines are numbered from 0 in the index. A UTF-8
-byte order mark at the very start of the file is ignored (the index points past it).
-"""
+"""The validation activity: stream the batch's pinned input once through `input_rules` and,
+when it is valid, write the line index the line activities read by offset."""
 
 from __future__ import annotations
 
-import json
-from array import array
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import BinaryIO
+import asyncio
 
-from backfill.batches import ENDPOINTS, BatchError
-from backfill.config import ModelConfig, Settings
-from backfill.routing import choose_route
-from backfill.store import RouteLines
+from temporalio import activity
 
-CHUNK_BYTES = 1 << 20
-"""How much of the file is read at a time."""
-
-_BOM = b"\xef\xbb\xbf"
-
-_REQUIRED_FIELD: dict[str, str] = {
-    "/v1/chat/completions": "messages",
-    "/v1/completions": "prompt",
-    "/v1/embeddings": "input",
-}
-"""The body field each endpoint requires."""
+from activities.heartbeat import heartbeating
+from activities.input_rules import validate_input as validate_lines
+from backfill.config import Settings
+from backfill.store import FileStore, RouteLines
+from workflows.messages import RouteAssignment, ValidateInput, ValidateOutput
 
 
-@dataclass
-class ValidationOutcome:
-    """What `validate_input` found. The index fields are filled only when `errors` is empty."""
+class ValidationActivities:
+    def __init__(self, settings: Settings, store: FileStore) -> None:
+        self.settings = settings
+        self.store = store
 
-    errors: list[BatchError] = field(default_factory=list)
-    """Why the file is invalid (at most `max_errors` entries); empty when it is valid."""
-    offsets: array = field(default_factory=lambda: array("Q"))
-    """array("Q"): byte offset in the file of each request line, in file order."""
-    lengths: array = field(default_factory=lambda: array("I"))
-    """array("I"): byte length of each request line, without its \\n or \\r\\n."""
-    routes: list[RouteLines] = field(default_factory=list)
-    """One entry per (model, route) used, in first-seen order, with its line count."""
-    route_line_numbers: list[array] = field(default_factory=list)
-    """array("I") per entry of `routes`: the request-line numbers (0-based indexes into
-    `offsets`) routed there, ascending."""
-    models: list[str] = field(default_factory=list)
-    """The distinct models the file uses, in first-seen order."""
+    @activity.defn
+    async def validate_input(self, input: ValidateInput) -> ValidateOutput:
+        async with heartbeating():
+            return await asyncio.to_thread(self._validate, input)
 
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-"""Strict JSON (no NaN/Infinity); one shared decoder so each line costs one `decode` call."""
-
-
-def _show(value: object, limit: int = 80) -> str:
-    """A short, quoted rendering of a client-supplied value for an error message."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    return f"'{text}'"
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-class _Pending:
-    """The line that spans chunk boundaries: buffered up to `keep` bytes, then only measured."""
-
-    __slots__ = ("keep", "parts", "size", "over", "nonblank", "last")
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self.reset()
-
-    def reset(self) -> None:
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.over = False
-        self.nonblank = False
-        self.last = b""
-
-    def add(self, piece: bytes) -> None:
-        if not piece:
-            return
-        self.size += len(piece)
-        if self.over:
-            if not self.nonblank and not piece.isspace():
-                self.nonblank = True
-            self.last = piece[-1:]
-            return
-        self.parts.append(piece)
-        if self.size > self.keep:
-            # Too long: stop buffering, keep only what the error and the blank check need.
-            self.over = True
-            self.nonblank = any(not p.isspace() for p in self.parts)
-            self.last = piece[-1:]
-            self.parts = []
-
-    def take(self, lineno: int, offset: int) -> tuple[int, int, bytes | None, int] | None:
-        if self.over:
-            if not self.nonblank:
-                return None
-            return lineno, offset, None, self.size - (self.last == b"\r")
-        raw = b"".join(self.parts)
-        return _line(lineno, offset, raw)
-
-
-def _line(lineno: int, offset: int, raw: bytes) -> tuple[int, int, bytes | None, int] | None:
-    """A buffered physical line (without \\n): None when blank, else with any \\r stripped."""
-    if not raw or raw.isspace():
-        return None
-    if raw[-1:] == b"\r":
-        raw = raw[:-1]
-    return lineno, offset, raw, len(raw)
-
-
-def _iter_lines(f: BinaryIO, keep: int) -> Iterator[tuple[int, int, bytes | None, int]]:
-    """Non-blank physical lines as (1-based line number, byte offset, content, length).
-
-    Content excludes the \\n and a trailing \\r; it is None for a line longer than `keep`
-    bytes (not buffered), whose length is still exact.
-    """
-    lineno = 0
-    pos = 0  # file offset of the next chunk
-    start = 0  # file offset where the pending line starts
-    pending = _Pending(keep)
-    while True:
-        chunk = f.read(CHUNK_BYTES)
-        if not chunk:
-            break
-        pieces = chunk.split(b"\n")
-        if len(pieces) == 1:
-            pending.add(chunk)
-            pos += len(chunk)
-            continue
-        head = pieces[0]
-        pending.add(head)
-        lineno += 1
-        item = pending.take(lineno, start)
-        if item is not None:
-            yield item
-        pending.reset()
-        offset = pos + len(head) + 1
-        for piece in pieces[1:-1]:
-            lineno += 1
-            if len(piece) <= keep:
-                item = _line(lineno, offset, piece)
-                if item is not None:
-                    yield item
-            elif not piece.isspace():
-                yield lineno, offset, None, len(piece) - (piece[-1:] == b"\r")
-            offset += len(piece) + 1
-        start = offset
-        pending.add(pieces[-1])
-        pos += len(chunk)
-    if pending.size:
-        item = pending.take(lineno + 1, start)
-        if item is not None:
-            yield item
-
-
-class _LineChecker:
-    """The per-line checks, in order: JSON object, custom_id, duplicate, method, url, body,
-    model. Returns the first error, or (model id, model config, custom_id)."""
-
-    def __init__(
-        self, endpoint: str, settings: Settings, allowed_models: frozenset[str] | None
-    ) -> None:
-        self.endpoint = endpoint
-        self.required = _REQUIRED_FIELD[endpoint]
-        self.models = {m.id: m for m in settings.models}
-        self.allowed = allowed_models
-        self.seen: dict[str, int] = {}
-        """custom_id -> the line that first used it."""
-
-    def check(self, raw: bytes, lineno: int) -> BatchError | tuple[str, ModelConfig, str]:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return BatchError(
-                code="invalid_json_line",
-                line=lineno,
-                message=f"This line is not valid UTF-8 (invalid byte at position {e.start}); "
-                "batch input files must be UTF-8 encoded JSONL.",
+    def _validate(self, input: ValidateInput) -> ValidateOutput:
+        allowed = frozenset(input.allowed_models) if input.allowed_models is not None else None
+        with open(self.store.batch_input_path(input.batch_id, input.input_file_id), "rb") as f:
+            out = validate_lines(
+                f,
+                batch_id=input.batch_id,
+                endpoint=input.endpoint,
+                settings=self.settings,
+                allowed_models=allowed,
             )
-        try:
-            obj = _DECODER.decode(text)
-        except json.JSONDecodeError as e:
-            return BatchError(
-                code="invalid_json_line",
-                line=lineno,
-                message=f"This line is not valid JSON: {e.msg} (column {e.colno}).",
-            )
-        except ValueError as e:
-            return BatchError(
-                code="invalid_json_line", line=lineno, message=f"This line is not valid JSON: {e}."
-            )
-        except RecursionError:
-            return BatchError(
-                code="invalid_json_line",
-                line=lineno,
-                message="This line is not valid JSON: it is nested too deeply.",
-            )
-        if not isinstance(obj, dict):
-            return BatchError(
-                code="invalid_json_line",
-                line=lineno,
-                message=f"This line is {_type_name(obj)}; each line must be a JSON object.",
-            )
-
-        custom_id = obj.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            what = "missing" if custom_id is None else _type_name(custom_id)
-            if custom_id == "":
-                what = "empty"
-            return BatchError(
-                code="missing_custom_id",
-                line=lineno,
-                param="custom_id",
-                message=f"custom_id must be a non-empty string (it is {what}).",
-            )
-        first = self.seen.get(custom_id)
-        if first is not None:
-            return BatchError(
-                code="duplicate_custom_id",
-                line=lineno,
-                param="custom_id",
-                message=f"The custom_id {_show(custom_id)} is already used on line {first}; "
-                "custom_id values must be unique within a batch.",
-            )
-        self.seen[custom_id] = lineno
-
-        method = obj.get("method")
-        if method != "POST":
-            shown = "missing" if method is None else _show(method)
-            return BatchError(
-                code="invalid_method",
-                line=lineno,
-                param="method",
-                message=f"The method must be 'POST' (it is {shown}).",
-            )
-
-        url = obj.get("url")
-        if url != self.endpoint:
-            message = (
-                f"The url is missing; it must match the batch endpoint '{self.endpoint}'."
-                if url is None
-                else f"The provided url {_show(url)} does not match the batch endpoint "
-                f"'{self.endpoint}'. All requests in a batch must use the batch's endpoint."
-            )
-            return BatchError(code="url_mismatch", line=lineno, param="url", message=message)
-
-        body = obj.get("body")
-        if not isinstance(body, dict):
-            return BatchError(
-                code="invalid_body",
-                line=lineno,
-                param="body",
-                message=f"body must be a JSON object (it is {_type_name(body)})."
-                if body is not None
-                else "body is missing; it must be a JSON object.",
-            )
-        model = body.get("model")
-        if not isinstance(model, str):
-            return BatchError(
-                code="invalid_body",
-                line=lineno,
-                param="body.model",
-                message="body.model is missing; it must be a string."
-                if model is None
-                else f"body.model must be a string (it is {_type_name(model)}).",
-            )
-        problem = self._required_field_problem(body)
-        if problem is not None:
-            return BatchError(
-                code="invalid_body",
-                line=lineno,
-                param=f"body.{self.required}",
-                message=problem,
-            )
-        if body.get("stream") is True:
-            return BatchError(
-                code="invalid_body",
-                line=lineno,
-                param="body.stream",
-                message="body.stream must not be true: batch requests cannot stream.",
-            )
-
-        config = self.models.get(model)
-        if config is None or (self.allowed is not None and model not in self.allowed):
-            return BatchError(
-                code="unknown_model",
-                line=lineno,
-                param="body.model",
-                message=f"The model {_show(model)} does not exist or you do not have access to it.",
-            )
-        return model, config, custom_id
-
-    def _required_field_problem(self, body: dict[str, object]) -> str | None:
-        name = self.required
-        value = body.get(name)
-        if value is None:
-            return f"body.{name} is required for {self.endpoint}."
-        if name == "messages":
-            if not isinstance(value, list):
-                return f"body.messages must be an array (it is {_type_name(value)})."
-            if not value:
-                return "body.messages must not be empty."
-        elif not isinstance(value, str | list):
-            return f"body.{name} must be a string or an array (it is {_type_name(value)})."
-        return None
+        if out.errors:
+            return ValidateOutput(errors=out.errors)
+        self.store.write_index(
+            input.batch_id, out.offsets, out.lengths, out.routes, out.route_line_numbers
+        )
+        return ValidateOutput(
+            total=len(out.offsets),
+            routes=[_assignment(i, r) for i, r in enumerate(out.routes)],
+            models=out.models,
+        )
 
 
-def validate_input(
-    f: BinaryIO,
-    *,
-    batch_id: str,
-    endpoint: str,
-    settings: Settings,
-    allowed_models: frozenset[str] | None = None,
-    max_errors: int = 100,
-) -> ValidationOutcome:
-    """Validate a batch input file, streamed once from `f`, and build its line index.
-
-    Collects up to `max_errors` errors (one per line, the first check that fails) and then
-    stops reading. More request lines than `limits.max_lines_per_batch` adds one
-    `too_many_requests` error at the first line over the limit and stops reading. A file with
-    no request lines gives one `empty_file` error. Without errors, every request line is routed
-    with `choose_route` and the index fields of the outcome are filled.
-
-    `endpoint` must be one of `ENDPOINTS` (ValueError otherwise: a caller bug).
-    """
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"unsupported endpoint {endpoint!r}")
-    if max_errors < 1:
-        raise ValueError("max_errors must be at least 1")
-    limits = settings.limits
-    max_line = limits.max_line_bytes
-    max_lines = limits.max_lines_per_batch
-    checker = _LineChecker(endpoint, settings, allowed_models)
-
-    out = ValidationOutcome()
-    errors = out.errors
-    offsets = out.offsets
-    lengths = out.lengths
-    route_index: dict[tuple[str, str], int] = {}
-    counts: list[int] = []
-    routes_seen: list[tuple[str, str]] = []
-    models_seen: dict[str, None] = {}
-    count = 0  # request lines so far
-
-    for lineno, offset, raw, length in _iter_lines(f, max_line + 1):
-        if offset == 0 and raw is not None and raw.startswith(_BOM):
-            raw = raw[len(_BOM) :]
-            offset, length = len(_BOM), length - len(_BOM)
-            if not raw or raw.isspace():
-                continue
-        if count >= max_lines:
-            errors.append(
-                BatchError(
-                    code="too_many_requests",
-                    line=lineno,
-                    message=f"The batch has more than {max_lines} requests; "
-                    f"the limit is {max_lines} requests per batch.",
-                )
-            )
-            break
-        index = count
-        count += 1
-        result: BatchError | tuple[str, ModelConfig, str]
-        if raw is None or length > max_line:
-            result = BatchError(
-                code="line_too_large",
-                line=lineno,
-                message=f"This line is {length} bytes; the limit is {max_line} bytes per line.",
-            )
-        else:
-            result = checker.check(raw, lineno)
-        if isinstance(result, BatchError):
-            errors.append(result)
-            if len(errors) >= max_errors:
-                break
-            continue
-        if errors:
-            continue  # the index is not needed any more; keep checking lines
-        model_id, model_cfg, custom_id = result
-        route = choose_route(model_cfg, batch_id, custom_id)
-        key = (model_id, route.id)
-        slot = route_index.get(key)
-        if slot is None:
-            slot = route_index[key] = len(routes_seen)
-            routes_seen.append(key)
-            counts.append(0)
-            out.route_line_numbers.append(array("I"))
-            models_seen.setdefault(model_id, None)
-        counts[slot] += 1
-        out.route_line_numbers[slot].append(index)
-        offsets.append(offset)
-        lengths.append(length)
-
-    if count == 0 and not errors:
-        errors.append(BatchError(code="empty_file", message="The input file contains no requests."))
-    if errors:
-        # Never hand back a partial index that could be written by mistake.
-        return ValidationOutcome(errors=errors)
-    out.routes = [
-        RouteLines(route_id=route_id, model=model_id, count=n)
-        for (model_id, route_id), n in zip(routes_seen, counts, strict=True)
-    ]
-    out.models = list(models_seen)
-    return out
+def _assignment(index: int, r: RouteLines) -> RouteAssignment:
+    return RouteAssignment(index=index, route_id=r.route_id, model=r.model, total=r.count)

@@ -3,7 +3,7 @@
     backfill dev              dev server + simulator + worker + api (what `make run` runs)
     backfill api              the HTTP api (uvicorn), settings from backfill.toml + env
     backfill worker           the Temporal worker
-    backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim)
+    backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim.main)
     backfill hash-key KEY     the SHA-256 to put in backfill.toml's [[api_keys]]
 
 Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO).
@@ -12,6 +12,7 @@ Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -74,6 +75,23 @@ def _missing(e: ModuleNotFoundError, module: str) -> bool:
     return e.name is not None and (e.name == module or module.startswith(e.name + "."))
 
 
+def _serve(command: str, settings: Settings) -> int:
+    """`backfill api` / `backfill worker`: run the process until a signal stops it."""
+    module = f"{command}.main"
+    try:
+        run = importlib.import_module(module).run
+    except ModuleNotFoundError as e:
+        if not _missing(e, module):
+            raise
+        print(f"backfill {command}: the {command} is not available ({e})", file=sys.stderr)
+        return 1
+    try:
+        run(settings)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
 
@@ -106,9 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     if args.command == "dev":
-        from backfill import dev
+        from backfill.dev import runner
 
-        return dev.run(
+        return runner.run(
             settings,
             temporal_port=args.temporal_port,
             ui_port=args.ui_port,
@@ -116,32 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             api_port=args.api_port,
         )
 
-    if args.command == "api":
-        try:
-            from api.main import run as run_api
-        except ModuleNotFoundError as e:
-            if not _missing(e, "api.main"):
-                raise
-            print(f"backfill api: the api is not available ({e})", file=sys.stderr)
-            return 1
-        try:
-            run_api(settings)
-        except KeyboardInterrupt:
-            return 130
-        return 0
-
-    if args.command == "worker":
-        try:
-            from worker.main import run as run_worker
-        except ModuleNotFoundError as e:
-            if not _missing(e, "worker.main"):
-                raise
-            print(f"backfill worker: the worker is not available ({e})", file=sys.stderr)
-            return 1
-        try:
-            run_worker(settings)
-        except KeyboardInterrupt:
-            return 130
-        return 0
+    if args.command in ("api", "worker"):
+        return _serve(args.command, settings)
 
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others

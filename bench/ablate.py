@@ -82,7 +82,7 @@ def ablated(names: list[str]) -> Iterator[None]:
 
     try:
         if "heartbeat" in names:
-            patch(lines_mod, "_heartbeating", _no_heartbeat)
+            patch(lines_mod, "heartbeating", _no_heartbeat)
         if "fsync" in names:
             patch(store_mod, "os", _OsWithoutFsync())
         if "http" in names:

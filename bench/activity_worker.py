@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backfill.config import Settings  # noqa: E402
-from backfill.devserver import connect_client  # noqa: E402
+from backfill.dev.devserver import connect_client  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
 from worker.main import activities, upstream_client  # noqa: E402
 

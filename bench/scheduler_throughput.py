@@ -41,9 +41,9 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker  # noqa: E402
 
 from backfill import search_attributes as sa  # noqa: E402
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
-from backfill.devserver import connect_client  # noqa: E402
+from backfill.dev.devserver import connect_client  # noqa: E402
+from backfill.dev.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
 from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
-from backfill.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
 from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
 from bench.ablate import ABLATIONS, ablated  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 
-from backfill.devserver import DevServer, connect_client, free_port
+from backfill.dev.devserver import DevServer, connect_client, free_port
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
+from activities.finalizing import FinalizeActivities
 from activities.lines import LineActivities
+from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
@@ -32,9 +34,9 @@ def activities(
     lines = LineActivities(settings, store, http)
     control = ControlActivities(settings, client)
     return [
-        lines.validate_input,
+        ValidationActivities(settings, store).validate_input,
         lines.run_line,
-        lines.finalize_batch,
+        FinalizeActivities(store).finalize_batch,
         control.report_demand,
         control.find_closed_batches,
     ]

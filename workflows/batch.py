@@ -16,7 +16,9 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
+    from activities.finalizing import FinalizeActivities
     from activities.lines import LineActivities
+    from activities.validation import ValidationActivities
     from backfill import search_attributes as sa
     from backfill.batches import (
         COMPLETION_WINDOWS,
@@ -154,7 +156,7 @@ class BatchWorkflow:
 
     async def _validate(self, input: BatchInput) -> None:
         out = await workflow.execute_activity_method(
-            LineActivities.validate_input,
+            ValidationActivities.validate_input,
             ValidateInput(
                 batch_id=input.batch_id,
                 input_file_id=input.input_file_id,
@@ -247,6 +249,7 @@ class BatchWorkflow:
                 if lost_too_often
                 else None
             ),
+            timeout_seconds=self._input.line_timeout_seconds,
         )
         try:
             outcome: LineOutcome = await workflow.execute_activity_method(
@@ -400,7 +403,7 @@ class BatchWorkflow:
             self._b.finalizing_at = _now()
             self._set_status_attribute()
         out = await workflow.execute_activity_method(
-            LineActivities.finalize_batch,
+            FinalizeActivities.finalize_batch,
             FinalizeInput(
                 batch_id=self._b.id,
                 workspace=self._input.workspace,

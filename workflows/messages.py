@@ -55,6 +55,10 @@ class LineInput(BaseModel):
     """Set when the workflow gives up on a line without sending it (e.g. it was lost too many
     times): commit an error record with this code unless a record already exists."""
     give_up_message: str | None = None
+    timeout_seconds: float | None = None
+    """The whole exchange's deadline, chosen by the workflow (which sizes the activity's
+    start-to-close timeout from the same number). None: the worker's setting (lines scheduled
+    before this field existed)."""
 
 
 class LineOutcome(BaseModel):

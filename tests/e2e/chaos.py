@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 
-from backfill.devserver import DevServer, free_port
+from backfill.dev.devserver import DevServer, free_port
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, output_ids, submit
 

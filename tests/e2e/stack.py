@@ -16,7 +16,7 @@ import httpx
 import openai
 
 from backfill.config import hash_key
-from backfill.procs import Child, backfill_argv, free_port
+from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.sim import SimConfig, SimServer
 
 API_KEY = "sk-test-alpha"

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest_asyncio
 
-from backfill.devserver import DevServer, connect_client, free_port
+from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, output_ids, submit, wait_terminal

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest_asyncio
 
-from backfill.devserver import temporal_cli_path
+from backfill.dev.devserver import temporal_cli_path
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
 

@@ -1,4 +1,4 @@
-"""backfill.devserver, backfill.procs and the CLI's small commands, against the real binaries."""
+"""backfill.dev.devserver, backfill.dev.procs and the small CLI commands, on the real binaries."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from backfill.cli import main
 from backfill.config import hash_key
-from backfill.devserver import (
+from backfill.dev.devserver import (
     DevServer,
     DevServerError,
     connect_client,
@@ -27,7 +27,7 @@ from backfill.devserver import (
     temporal_cli_path,
     test_server_path,
 )
-from backfill.procs import Child, pid_alive, port_in_use
+from backfill.dev.procs import Child, pid_alive, port_in_use
 from backfill.search_attributes import ALL
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,6 +13,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.lines import LineActivities
+from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
 from workflows.messages import LineInput, ValidateInput
@@ -42,7 +43,7 @@ def make(tmp_path: Path, handler: Handler) -> tuple[LineActivities, str, FileSto
     acts = LineActivities(settings, store, http)
     out = asyncio.run(
         ActivityEnvironment().run(
-            acts.validate_input,
+            ValidationActivities(settings, store).validate_input,
             ValidateInput(batch_id=BATCH, input_file_id=file_id, endpoint="/v1/chat/completions"),
         )
     )

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from backfill.sim import BATCH_HEADER, Scheduler, SimConfig, SimServer, create_app
-from backfill.sim_faults import SimFault
+from backfill.sim.faults import SimFault
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""Unit tests for activities.validation (pure functions, no server)."""
+"""Unit tests for activities.input_rules (pure functions, no server)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, BinaryIO, cast
 
 import pytest
 
-from activities import validation
-from activities.validation import ValidationOutcome, validate_input
+from activities import input_rules as validation
+from activities.input_rules import ValidationOutcome, validate_input
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings
 from backfill.store import RouteLines
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from backfill.devserver import DevServer, connect_client, free_port
+from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig
 from tests.e2e.stack import API_KEY, Stack, jsonl, submit, wait_terminal

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 import pytest_asyncio
 from temporalio import activity
@@ -25,9 +24,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities, signal_demand
-from activities.lines import END_MESSAGES, LineActivities
+from activities.finalizing import FinalizeActivities
+from activities.records import END_MESSAGES
+from activities.validation import ValidationActivities
 from backfill.config import Settings
-from backfill.devserver import test_server_path
+from backfill.dev.devserver import test_server_path
 from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow
 from workflows.batch import BatchInput, BatchWorkflow
@@ -102,25 +103,23 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         data_converter=pydantic_data_converter,
     )
     h = Harness(env, tmp_path)
-    async with httpx.AsyncClient() as http:
-        real = LineActivities(h.settings, h.store, http)
-        control = ControlActivities(h.settings, env.client)
-        async with Worker(
-            env.client,
-            task_queue=h.settings.task_queue,
-            workflows=[BatchWorkflow, RouteSchedulerWorkflow, SlotHolderWorkflow],
-            activities=[
-                real.validate_input,
-                h.run_line,
-                real.finalize_batch,
-                control.report_demand,
-                control.find_closed_batches,
-            ],
-        ):
-            try:
-                yield h
-            finally:
-                h.release.set()
+    control = ControlActivities(h.settings, env.client)
+    async with Worker(
+        env.client,
+        task_queue=h.settings.task_queue,
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow, SlotHolderWorkflow],
+        activities=[
+            ValidationActivities(h.settings, h.store).validate_input,
+            h.run_line,
+            FinalizeActivities(h.store).finalize_batch,
+            control.report_demand,
+            control.find_closed_batches,
+        ],
+    ):
+        try:
+            yield h
+        finally:
+            h.release.set()
     await env.shutdown()
 
 

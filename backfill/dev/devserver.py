@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from backfill.procs import Child, free_port, port_in_use
+from backfill.dev.procs import Child, free_port, port_in_use
 
 if TYPE_CHECKING:
     from temporalio.client import Client

@@ -32,7 +32,7 @@ import uvicorn
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from backfill.sim_faults import FaultAction, FaultInjector, SimFault
+from backfill.sim.faults import FaultAction, FaultInjector, SimFault
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()

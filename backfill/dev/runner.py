@@ -21,8 +21,8 @@ from types import FrameType
 from typing import Protocol
 
 from backfill.config import Settings
-from backfill.devserver import DevServer, DevServerError
-from backfill.procs import Child, backfill_argv, port_in_use
+from backfill.dev.devserver import DevServer, DevServerError
+from backfill.dev.procs import Child, backfill_argv, port_in_use
 
 log = logging.getLogger("backfill.dev")
 

@@ -1,0 +1,68 @@
+"""The finalizing activity: assemble a batch's output (2xx) and error files from its per-line
+records, in input order. File ids derive from the batch id, so a rerun rewrites the same files."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from activities.records import END_MESSAGES, error_record, outcome_from_record
+from backfill.store import FileStore, Upload
+from workflows.messages import FinalizeInput, FinalizeOutput
+
+
+class FinalizeActivities:
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+
+    @activity.defn
+    async def finalize_batch(self, input: FinalizeInput) -> FinalizeOutput:
+        async with heartbeating():
+            return await asyncio.to_thread(self._finalize, input)
+
+    def _finalize(self, input: FinalizeInput) -> FinalizeOutput:
+        """Lines that never ran get `batch_expired` / `batch_cancelled` records."""
+        end_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(input.reason)
+        out = FinalizeOutput()
+        usage = out.usage
+        ok_up = self.store.begin_upload(max_bytes=1 << 62)
+        err_up = self.store.begin_upload(max_bytes=1 << 62)
+        try:
+            for line_no, raw in self.store.iter_lines(input.batch_id, input.input_file_id):
+                out.total += 1
+                data = self.store.get_result(input.batch_id, line_no)
+                if data is None:
+                    custom_id = json.loads(raw)["custom_id"]
+                    code = end_code or "internal_error"
+                    msg = END_MESSAGES.get(code, "The request has no recorded result.")
+                    data = json.dumps(error_record(custom_id, code, msg)).encode()
+                outcome = outcome_from_record(line_no, data)
+                if outcome.usage is not None:
+                    usage.add(outcome.usage)
+                if outcome.ok:
+                    out.completed += 1
+                    ok_up.write(data + b"\n")
+                else:
+                    out.failed += 1
+                    err_up.write(data + b"\n")
+            out.output_file_id = self._publish(ok_up, input, "output")
+            out.error_file_id = self._publish(err_up, input, "error")
+        finally:
+            ok_up.abort()
+            err_up.abort()
+        return out
+
+    def _publish(self, up: Upload, input: FinalizeInput, kind: str) -> str | None:
+        if up.size == 0:
+            return None
+        file_id = "file-" + hashlib.sha256(f"{input.batch_id}:{kind}".encode()).hexdigest()[:24]
+        return up.finish(
+            file_id=file_id,
+            workspace=input.workspace,
+            filename=f"{input.batch_id}_{kind}.jsonl",
+            purpose="batch_output",
+        ).id

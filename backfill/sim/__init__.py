@@ -1,0 +1,31 @@
+"""`backfill sim`: a vLLM-like model server for the demo, the tests and the benchmarks.
+
+It speaks HTTP like vLLM (OpenAI-compatible endpoints, `/metrics`), with a capacity model and
+fault injection (`backfill.sim.faults`). Tooling, not part of the gateway's core.
+"""
+
+from backfill.sim.faults import FaultAction, FaultInjector, SimFault
+from backfill.sim.server import (
+    BATCH_HEADER,
+    Scheduler,
+    SimApp,
+    SimConfig,
+    SimServer,
+    SimStats,
+    create_app,
+    main,
+)
+
+__all__ = [
+    "BATCH_HEADER",
+    "FaultAction",
+    "FaultInjector",
+    "Scheduler",
+    "SimApp",
+    "SimConfig",
+    "SimFault",
+    "SimServer",
+    "SimStats",
+    "create_app",
+    "main",
+]
