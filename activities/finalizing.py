@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.records import END_MESSAGES, error_record, outcome_from_record
+from activities.records import END_MESSAGES, custom_id_of, error_record_bytes, outcome_from_record
 from backfill.store import FileStore, Upload
 from workflows.messages import FinalizeInput, FinalizeOutput
 
@@ -36,11 +35,19 @@ class FinalizeActivities:
                 out.total += 1
                 data = self.store.get_result(input.batch_id, line_no)
                 if data is None:
-                    custom_id = json.loads(raw)["custom_id"]
+                    # Committed like any line's result: a rerun writes the same bytes.
                     code = end_code or "internal_error"
                     msg = END_MESSAGES.get(code, "The request has no recorded result.")
-                    data = json.dumps(error_record(custom_id, code, msg)).encode()
+                    data = self._commit_error(input.batch_id, line_no, raw, code, msg)
                 outcome = outcome_from_record(line_no, data)
+                if outcome.error_code == "invalid_record":  # unreadable on disk: say so, validly
+                    msg = "The request's recorded result could not be read."
+                    data = error_record_bytes(
+                        custom_id_of(raw, line_no),
+                        "internal_error",
+                        msg,
+                        _stable_id(input.batch_id, line_no),
+                    )
                 if outcome.usage is not None:
                     usage.add(outcome.usage)
                 if outcome.ok:
@@ -56,6 +63,11 @@ class FinalizeActivities:
             err_up.abort()
         return out
 
+    def _commit_error(self, batch_id: str, line_no: int, raw: bytes, code: str, msg: str) -> bytes:
+        data = error_record_bytes(custom_id_of(raw, line_no), code, msg)
+        committed, _ = self.store.commit_result(batch_id, line_no, data)
+        return committed
+
     def _publish(self, up: Upload, input: FinalizeInput, kind: str) -> str | None:
         if up.size == 0:
             return None
@@ -66,3 +78,8 @@ class FinalizeActivities:
             filename=f"{input.batch_id}_{kind}.jsonl",
             purpose="batch_output",
         ).id
+
+
+def _stable_id(batch_id: str, line_no: int) -> str:
+    """A record id that a rerun of finalizing derives again (it writes the same bytes)."""
+    return "batch_req_" + hashlib.sha256(f"{batch_id}:{line_no}".encode()).hexdigest()[:24]

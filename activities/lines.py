@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -18,17 +19,22 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.records import (
+    STRICT_JSON,
+    custom_id_of,
     describe_error,
-    error_record,
+    error_record_bytes,
     new_record_id,
     outcome_from_record,
-    status_of,
+    response_record_bytes,
+    usage_of,
 )
 from backfill.config import RouteConfig, Settings
 from backfill.store import FileStore
 from workflows.messages import LineInput, LineOutcome
 
 RETRYABLE_STATUS = frozenset({429, 503})
+CONNECT_TIMEOUT = 10.0
+"""Seconds to open a connection to the upstream (the line timeout bounds the rest)."""
 
 
 class LineActivities:
@@ -42,22 +48,22 @@ class LineActivities:
         line_no, committed, raw = await asyncio.to_thread(self._read, input)
         if committed is not None:  # it ran before (its worker died after writing): once only
             return outcome_from_record(line_no, committed)
-        custom_id = _custom_id(raw, line_no)
+        custom_id = custom_id_of(raw, line_no)
         if input.give_up_code is not None:
-            record = error_record(custom_id, input.give_up_code, input.give_up_message or "")
-            return await self._commit(input.batch_id, line_no, record)
+            answer = _failed(custom_id, line_no, input.give_up_code, input.give_up_message or "")
+            return await self._commit(input.batch_id, answer)
         route = self.settings.route(input.route_id)
         if route is None:
-            record = error_record(
-                custom_id, "route_removed", f"Route {input.route_id!r} is no longer configured."
+            msg = f"Route {input.route_id!r} is no longer configured."
+            return await self._commit(
+                input.batch_id, _failed(custom_id, line_no, "route_removed", msg)
             )
-            return await self._commit(input.batch_id, line_no, record)
         request = json.loads(raw)
         async with heartbeating():
-            record, retry = await self._send(route, input, request)
-        if retry and not input.final_attempt:
-            return LineOutcome(line=line_no, retry=True, status_code=status_of(record))
-        return await self._commit(input.batch_id, line_no, record)
+            answer = await self._send(route, input, request, line_no)
+        if answer.retry and not input.final_attempt:
+            return LineOutcome(line=line_no, retry=True, status_code=answer.outcome.status_code)
+        return await self._commit(input.batch_id, answer)
 
     def _read(self, input: LineInput) -> tuple[int, bytes | None, bytes]:
         """(line number, its committed record if any, the input line) in one trip to the disk."""
@@ -75,12 +81,17 @@ class LineActivities:
         return self.settings.limits.line_timeout_seconds
 
     async def _send(
-        self, route: RouteConfig, input: LineInput, request: dict[str, Any]
-    ) -> tuple[dict[str, Any], bool]:
-        """Send one request; returns (result record, whether it is worth sending again)."""
+        self, route: RouteConfig, input: LineInput, request: dict[str, Any], line_no: int
+    ) -> Answer:
+        """Send one request and turn whatever comes back into the line's record."""
         custom_id = request["custom_id"]
         url = route.base_url.rstrip("/") + input.endpoint.removeprefix("/v1")
-        headers = {"X-Backfill-Batch": input.batch_id, "Content-Type": "application/json"}
+        headers = {
+            "X-Backfill-Batch": input.batch_id,
+            "Content-Type": "application/json",
+            # The response cap counts bytes on the wire, not a decompressed body.
+            "Accept-Encoding": "identity",
+        }
         if route.api_key_env:
             key = os.environ.get(route.api_key_env)
             if key:
@@ -95,43 +106,82 @@ class LineActivities:
                     url,
                     content=json.dumps(request["body"]).encode(),
                     headers=headers,
-                    timeout=httpx.Timeout(None, connect=10.0),
+                    timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
                 ) as resp:
                     body = bytearray()
                     async for chunk in resp.aiter_bytes():
                         body += chunk
                         if len(body) > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
-                            return error_record(custom_id, "response_too_large", msg), False
+                            return _failed(custom_id, line_no, "response_too_large", msg)
                     request_id = resp.headers.get("x-request-id") or new_record_id()
                     status = resp.status_code
+                    content_type = resp.headers.get("content-type", "no content type")
+        except httpx.ConnectTimeout:
+            msg = f"Could not connect to the upstream within {CONNECT_TIMEOUT:g} s."
+            return _failed(custom_id, line_no, "connection_error", msg, retry=True)
         except httpx.ConnectError as err:
-            return error_record(custom_id, "connection_error", describe_error(err)), True
+            msg = describe_error(err)
+            return _failed(custom_id, line_no, "connection_error", msg, retry=True)
         except (TimeoutError, httpx.TimeoutException):
-            msg = f"No complete response within {timeout} s."
-            return error_record(custom_id, "request_timeout", msg), False
+            msg = f"No complete response within {timeout:g} s."
+            return _failed(custom_id, line_no, "request_timeout", msg)
         except httpx.HTTPError as err:
-            return error_record(custom_id, "upstream_error", describe_error(err)), False
-        try:
-            parsed: Any = json.loads(body)
-        except ValueError:
-            parsed = {"error": {"message": body[:2000].decode(errors="replace")}}
-        record = {
-            "id": new_record_id(),
-            "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": request_id, "body": parsed},
-            "error": None,
-        }
-        return record, status in RETRYABLE_STATUS
+            return _failed(custom_id, line_no, "upstream_error", describe_error(err))
+        return _answer(custom_id, line_no, status, request_id, content_type, bytes(body))
 
-    async def _commit(self, batch_id: str, line_no: int, record: dict[str, Any]) -> LineOutcome:
-        data = json.dumps(record, separators=(",", ":")).encode()
-        committed, _ = await asyncio.to_thread(self.store.commit_result, batch_id, line_no, data)
-        return outcome_from_record(line_no, committed)
+    async def _commit(self, batch_id: str, answer: Answer) -> LineOutcome:
+        line_no = answer.outcome.line
+        committed, mine = await asyncio.to_thread(
+            self.store.commit_result, batch_id, line_no, answer.data
+        )
+        return answer.outcome if mine else outcome_from_record(line_no, committed)
 
 
-def _custom_id(raw: bytes, line_no: int) -> str:
+@dataclass(frozen=True)
+class Answer:
+    """A line's record as bytes, its outcome, and whether it is worth sending again."""
+
+    data: bytes
+    outcome: LineOutcome
+    retry: bool = False
+
+
+def _failed(
+    custom_id: str, line_no: int, code: str, message: str, *, retry: bool = False
+) -> Answer:
+    data = error_record_bytes(custom_id, code, message)
+    return Answer(data, LineOutcome(line=line_no, error_code=code), retry)
+
+
+def _answer(
+    custom_id: str, line_no: int, status: int, request_id: str, content_type: str, body: bytes
+) -> Answer:
+    """The record of a complete HTTP answer. A 2xx must be a JSON object to count as completed;
+    the body is written as it came (valid JSON) or, when it is not JSON, wrapped in an error."""
+    ok = 200 <= status < 300
+    parsed: Any = None
+    text: str | None = None
     try:
-        return str(json.loads(raw)["custom_id"])
-    except (ValueError, KeyError, TypeError):
-        return f"line-{line_no + 1}"
+        text = body.decode("utf-8")
+        parsed = STRICT_JSON.decode(text)
+    except (ValueError, RecursionError):
+        text = None
+    if ok and not isinstance(parsed, dict):
+        what = "not JSON" if text is None else f"JSON but not an object ({type(parsed).__name__})"
+        snippet = body[:200].decode("utf-8", errors="replace")
+        msg = f"The upstream answered {status} with a body that is {what} ({content_type}): "
+        return _failed(custom_id, line_no, "invalid_response", msg + repr(snippet))
+    if text is None:  # an error answer that is not JSON: keep its text, readable
+        snippet = body[:2000].decode("utf-8", errors="replace")
+        text = json.dumps({"error": {"message": snippet}}, separators=(",", ":"))
+    data = response_record_bytes(custom_id, status, request_id, text)
+    usage = usage_of(parsed.get("usage")) if isinstance(parsed, dict) else None
+    outcome = LineOutcome(
+        line=line_no,
+        ok=ok,
+        status_code=status,
+        error_code=None if ok else f"http_{status}",
+        usage=usage,
+    )
+    return Answer(data, outcome, status in RETRYABLE_STATUS)

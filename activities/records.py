@@ -1,9 +1,14 @@
 """A line's result record (OpenAI's batch output/error line format) and the small outcome the
-workflow counts, derived from a committed record. Pure: no I/O, no Temporal."""
+workflow counts, derived from a committed record. Pure: no I/O, no Temporal.
+
+Upstream data is read defensively: whatever a model server answers, and whatever a committed
+record holds, nothing here raises. An unreadable `usage` counts as no usage.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from typing import Any
 
@@ -16,58 +21,161 @@ END_MESSAGES = {
 }
 """The message of the record a line gets when the batch ended before it ran."""
 
+MAX_TOKEN_COUNT = 2**53
+"""Larger counts are not real token counts (and would not survive a JSON round trip)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+"""RFC 8259 JSON: NaN and Infinity, which Python's json accepts and writes, are refused, so no
+record we write is invalid JSON."""
+
+
+def custom_id_of(raw: bytes, line_no: int) -> str:
+    """The custom_id of a validated input line (a placeholder if it cannot be read)."""
+    try:
+        return str(json.loads(raw)["custom_id"])
+    except (ValueError, KeyError, TypeError):
+        return f"line-{line_no + 1}"
+
 
 def new_record_id() -> str:
     return f"batch_req_{secrets.token_hex(12)}"
 
 
-def error_record(custom_id: str, code: str, message: str) -> dict[str, Any]:
+def error_record(
+    custom_id: str, code: str, message: str, record_id: str | None = None
+) -> dict[str, Any]:
     return {
-        "id": new_record_id(),
+        "id": record_id or new_record_id(),
         "custom_id": custom_id,
         "response": None,
         "error": {"code": code, "message": message},
     }
 
 
+def error_record_bytes(
+    custom_id: str, code: str, message: str, record_id: str | None = None
+) -> bytes:
+    record = error_record(custom_id, code, message, record_id)
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def response_record_bytes(custom_id: str, status: int, request_id: str, body_json: str) -> bytes:
+    """A response record around a body that is already valid JSON text, spliced in as is (an
+    8 MB answer is not parsed into objects and dumped again to be written)."""
+    head = json.dumps(
+        {"id": new_record_id(), "custom_id": custom_id}, separators=(",", ":"), ensure_ascii=False
+    )
+    response_head = json.dumps(
+        {"status_code": status, "request_id": request_id}, separators=(",", ":")
+    )
+    return (
+        f'{head[:-1]},"response":{response_head[:-1]},"body":{body_json}}},"error":null}}'
+    ).encode()
+
+
 def outcome_from_record(line_no: int, data: bytes) -> LineOutcome:
-    """The small outcome the workflow counts, derived from the committed record."""
-    record = json.loads(data)
+    """The small outcome the workflow counts, derived from a committed record. Never raises: a
+    record that cannot be read counts as a failed line with `invalid_record`."""
+    try:
+        record = STRICT_JSON.decode(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return LineOutcome(line=line_no, error_code="invalid_record")
+    if not isinstance(record, dict):
+        return LineOutcome(line=line_no, error_code="invalid_record")
     response = record.get("response")
-    error = record.get("error")
-    if response is None:
-        return LineOutcome(line=line_no, error_code=(error or {}).get("code"))
-    status = int(response.get("status_code", 0))
+    if not isinstance(response, dict):
+        error = record.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        return LineOutcome(line=line_no, error_code=code if isinstance(code, str) else None)
+    status = response.get("status_code")
+    if isinstance(status, bool) or not isinstance(status, int):
+        return LineOutcome(line=line_no, error_code="invalid_record")
     body = response.get("body")
-    usage = usage_of(body.get("usage")) if isinstance(body, dict) else None
+    ok = 200 <= status < 300
     return LineOutcome(
         line=line_no,
-        ok=200 <= status < 300,
+        ok=ok,
         status_code=status,
-        error_code=None if 200 <= status < 300 else f"http_{status}",
-        usage=usage,
+        error_code=None if ok else f"http_{status}",
+        usage=usage_of(body.get("usage")) if isinstance(body, dict) else None,
     )
 
 
+def _count(value: Any) -> int | None:
+    """A token count, or None when `value` is not one (a string, a bool, negative, 1e400...)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            return None
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_TOKEN_COUNT:
+        return value
+    return None
+
+
+class _Unreadable(Exception):
+    """A usage field that is present but is not a token count."""
+
+
+def _field(u: dict[str, Any], *names: str) -> int | None:
+    """The count under the first of `names` present in `u` (None if none is)."""
+    for name in names:
+        if u.get(name) is not None:
+            n = _count(u[name])
+            if n is None:
+                raise _Unreadable(name)
+            return n
+    return None
+
+
+def _detail(u: dict[str, Any], group: str, name: str) -> int:
+    details = u.get(group)
+    if details is None:
+        return 0
+    if not isinstance(details, dict):
+        raise _Unreadable(group)
+    return _field(details, name) or 0
+
+
 def usage_of(u: Any) -> TokenCounts | None:
+    """OpenAI's (or the Responses API's) usage object as token counts; None when unknown.
+
+    Unknown: not an object, no token count in it, or any count that is not a non-negative
+    integer. One odd field makes the whole usage unknown rather than half right."""
     if not isinstance(u, dict):
         return None
-    prompt = int(u.get("prompt_tokens") or u.get("input_tokens") or 0)
-    completion = int(u.get("completion_tokens") or u.get("output_tokens") or 0)
-    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    try:
+        prompt = _field(u, "prompt_tokens", "input_tokens")
+        completion = _field(u, "completion_tokens", "output_tokens")
+        total = _field(u, "total_tokens")
+        cached = _detail(u, "prompt_tokens_details", "cached_tokens")
+        reasoning = _detail(u, "completion_tokens_details", "reasoning_tokens")
+    except _Unreadable:
+        return None
+    if prompt is None and completion is None:
+        return None
+    prompt, completion = prompt or 0, completion or 0
     return TokenCounts(
         input_tokens=prompt,
         output_tokens=completion,
-        total_tokens=int(u.get("total_tokens") or prompt + completion),
-        cached_tokens=int(cached),
-        reasoning_tokens=int(reasoning),
+        total_tokens=total if total is not None else prompt + completion,
+        cached_tokens=cached,
+        reasoning_tokens=reasoning,
     )
 
 
 def status_of(record: dict[str, Any]) -> int | None:
     response = record.get("response")
-    return int(response["status_code"]) if response else None
+    if not isinstance(response, dict):
+        return None
+    status = response.get("status_code")
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
 def describe_error(err: Exception) -> str:

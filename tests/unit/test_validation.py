@@ -306,9 +306,25 @@ def test_invalid_body_other_endpoints() -> None:
         assert (code, param) == ("invalid_body", f"body.{field}")
 
 
-def test_stream_false_is_fine() -> None:
-    body = {"model": "demo", "messages": [{}], "stream": False}
+@pytest.mark.parametrize("value", [False, None, 0])
+def test_stream_false_is_fine(value: Any) -> None:
+    body = {"model": "demo", "messages": [{}], "stream": value}
     assert run(req("a", body=body)).errors == []
+
+
+@pytest.mark.parametrize("value", [1, "true", "false", "yes", [0], {"on": True}, 0.5])
+def test_stream_truthy_in_any_form_is_refused(value: Any) -> None:
+    body = {"model": "demo", "messages": [{}], "stream": value}
+    code, line, param, _ = only_error(req("a", body=body))
+    assert (code, line, param) == ("invalid_body", 1, "body.stream")
+
+
+def test_custom_id_over_openai_limit_is_refused() -> None:
+    roomy = settings(max_line_bytes=2000)
+    assert run(req("x" * 512), s=roomy).errors == []
+    code, line, param, message = only_error(req("x" * 513), s=roomy)
+    assert (code, line, param) == ("invalid_custom_id", 1, "custom_id")
+    assert "512" in message
 
 
 def test_unknown_model() -> None:
