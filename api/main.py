@@ -5,10 +5,26 @@ from __future__ import annotations
 import uvicorn
 
 from api.app import create_app
-from backfill.config import Settings
+from backfill.config import LOOPBACK_HOSTS, Settings
+
+
+class UnsafeConfig(Exception):
+    """The settings are not safe for where the api would listen."""
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse the shipped dev key anywhere but loopback: it is in a public repository."""
+    dev = settings.shipped_dev_keys()
+    if dev and settings.api_host not in LOOPBACK_HOSTS:
+        raise UnsafeConfig(
+            f"the api would listen on {settings.api_host} with the shipped dev key "
+            f"(sk-backfill-dev, key {', '.join(dev)}) configured; remove it from the config "
+            "file (BACKFILL_CONFIG) or listen on 127.0.0.1"
+        )
 
 
 def run(settings: Settings) -> None:
+    check_exposure(settings)
     uvicorn.run(
         create_app(settings),
         host=settings.api_host,

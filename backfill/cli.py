@@ -4,7 +4,7 @@
     backfill api              the HTTP api (uvicorn), settings from backfill.toml + env
     backfill worker           the Temporal worker
     backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim.main)
-    backfill hash-key KEY     the SHA-256 to put in backfill.toml's [[api_keys]]
+    backfill hash-key         the SHA-256 of a key read from stdin, for [[api_keys]]
 
 Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO).
 """
@@ -56,8 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("api", help="serve the HTTP api")
     sub.add_parser("worker", help="run the Temporal worker")
     sub.add_parser("sim", help="run the vLLM-like simulator (backfill sim --help)", add_help=False)
-    hk = sub.add_parser("hash-key", help="print the SHA-256 of an API key for backfill.toml")
-    hk.add_argument("key")
+    sub.add_parser(
+        "hash-key",
+        help="print the SHA-256 of an API key read from standard input, for backfill.toml",
+    )
     return parser
 
 
@@ -115,7 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "hash-key":
         from backfill.config import hash_key
 
-        print(hash_key(args.key))
+        # From standard input: a key on the command line lands in shell history and `ps`.
+        if sys.stdin.isatty():
+            import getpass
+
+            key = getpass.getpass("API key: ").strip()
+        else:
+            key = sys.stdin.readline().strip()
+        if not key:
+            print("backfill hash-key: no key on standard input", file=sys.stderr)
+            return 2
+        print(hash_key(key))
         return 0
 
     configure_logging()
@@ -134,6 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             api_port=args.api_port,
         )
 
+    if args.command == "api":
+        from api.main import UnsafeConfig, check_exposure
+
+        try:
+            check_exposure(settings)
+        except UnsafeConfig as e:
+            print(f"backfill api: refusing to start: {e}", file=sys.stderr)
+            return 2
     if args.command in ("api", "worker"):
         return _serve(args.command, settings)
 

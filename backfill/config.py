@@ -10,6 +10,7 @@ naming the field.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import tomllib
 from functools import lru_cache
@@ -176,8 +177,20 @@ class Settings(BaseSettings):
         return None
 
     def key_for(self, presented: str) -> ApiKeyConfig | None:
-        digest = hash_key(presented)
-        return next((k for k in self.api_keys if k.sha256 == digest), None)
+        """The key whose hash matches, compared in constant time against every configured
+        hash (no early exit), so response timing says nothing about how close a guess was."""
+        digest = hash_key(presented).encode()
+        found = None
+        for k in self.api_keys:
+            if hmac.compare_digest(k.sha256.encode(), digest) and found is None:
+                found = k
+        return found
+
+    def shipped_dev_keys(self) -> list[str]:
+        """Names of configured keys that are the public dev key from the repository's
+        backfill.toml (anyone can read it: fine on loopback, never on a network)."""
+        dev = hash_key(DEV_KEY)
+        return [k.name or k.sha256[:8] for k in self.api_keys if k.sha256 == dev]
 
 
 FILE_ONLY = frozenset({"models", "limits", "api_keys"})
@@ -190,6 +203,12 @@ class _ScalarEnv(EnvSettingsSource):
         if field_name in FILE_ONLY:
             return None, field_name, False
         return super().get_field_value(field, field_name)
+
+
+DEV_KEY = "sk-backfill-dev"
+"""The key in the repository's backfill.toml, printed by `make run`."""
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 def hash_key(key: str) -> str:

@@ -1,8 +1,9 @@
 """The file store: uploads, batch line indexes, per-line result records, assembled outputs.
 
 The default is a local directory (one host, or several hosts on a shared volume). Files are written
-0600 and directories 0750. Writes are atomic (temp file + rename or link), so a crash never leaves
-half a file behind. Per-line results are committed first-writer-wins: a line that ran twice (a
+0600 and every directory level the store creates 0750, whatever the umask. Writes are atomic (temp
+file + rename or link) and durable (the file, then its directory, is fsynced), so a crash never
+leaves half a file behind nor loses a commit the caller was told about. Per-line results are committed first-writer-wins: a line that ran twice (a
 worker died after writing) keeps its first record, so it is committed exactly once.
 """
 
@@ -103,6 +104,7 @@ class FileStore:
         )
         os.chmod(data_path, FILE_MODE)
         os.replace(data_path, self._data_path(obj.id))
+        _fsync_dir(self._files)
         _atomic_write(self._meta_path(obj.id), obj.model_dump_json().encode())
         return obj
 
@@ -171,6 +173,7 @@ class FileStore:
         target = d / "input.jsonl"
         if not target.exists():
             os.link(self._data_path(file_id), target)
+            _fsync_dir(d)
 
     def batch_input_path(self, batch_id: str, file_id: str) -> Path:
         """The batch's pinned input (falls back to the uploaded file for older batches)."""
@@ -222,6 +225,7 @@ class FileStore:
             return path.read_bytes(), False
         finally:
             os.unlink(tmp)
+        _fsync_dir(path.parent)
         return record, True
 
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
@@ -276,7 +280,29 @@ class Upload:
 
 
 def _mkdir(d: Path) -> None:
-    d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    """Create `d` and every missing parent 0750 (mkdir's `mode` applies to the last level only,
+    and the umask trims it): existing directories are left as they are."""
+    missing = []
+    p = d
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for level in reversed(missing):
+        try:
+            level.mkdir()
+        except FileExistsError:
+            continue  # another process made it meanwhile
+        os.chmod(level, DIR_MODE)
+        _fsync_dir(level.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a link, rename or new entry in `d` durable (the file's own fsync does not)."""
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_temp(directory: Path, data: bytes) -> str:
@@ -301,6 +327,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
 
 
 def _read_int(path: Path, index: int, typecode: str) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 from pathlib import Path
 
 import pytest
 
-from backfill.config import ConfigError, hash_key, load_settings
+from backfill.config import ConfigError, Settings, hash_key, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_TOML = REPO / "backfill.toml"
@@ -176,3 +177,23 @@ def test_only_documented_environment_names_are_read(monkeypatch) -> None:  # typ
     assert [m.id for m in s.models] == ["demo"]
     monkeypatch.setenv("BACKFILL_API_PORT", "9001")
     assert load(Path("backfill.toml")).api_port == 9001
+
+
+def test_keys_are_compared_in_constant_time_against_every_hash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = [{"sha256": hash_key(f"k{i}"), "workspace": f"w{i}"} for i in range(5)]
+    settings = Settings(api_keys=keys)
+    calls: list[bytes] = []
+    real = hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        calls.append(a)
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", counting)
+    found = settings.key_for("k1")
+    assert found is not None and found.workspace == "w1"
+    assert len(calls) == 5  # no early exit on the match
+    calls.clear()
+    assert settings.key_for("nope") is None and len(calls) == 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -234,11 +235,27 @@ def test_child_exit_status(tmp_path: Path) -> None:
 # --- cli ----------------------------------------------------------------------------------------
 
 
-def test_cli_hash_key(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["hash-key", "sk-backfill-dev"]) == 0
+def test_cli_hash_key_reads_the_key_from_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("sk-backfill-dev\n"))
+    assert main(["hash-key"]) == 0
     out = capsys.readouterr().out.strip()
     assert out == hash_key("sk-backfill-dev")
     assert out in (REPO / "backfill.toml").read_text()
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["hash-key"]) == 2
+    with pytest.raises(SystemExit):  # never on the command line (shell history, ps)
+        main(["hash-key", "sk-backfill-dev"])
+
+
+def test_api_refuses_the_shipped_dev_key_off_loopback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BACKFILL_CONFIG", str(REPO / "backfill.toml"))
+    monkeypatch.setenv("BACKFILL_API_HOST", "0.0.0.0")
+    assert main(["api"]) == 2
+    assert "shipped dev key" in capsys.readouterr().err
 
 
 def test_cli_bad_config_exits_2(
@@ -253,7 +270,8 @@ def test_cli_bad_config_exits_2(
 
 def test_python_dash_m_backfill() -> None:
     out = subprocess.run(
-        [PY, "-m", "backfill", "hash-key", "abc"],
+        [PY, "-m", "backfill", "hash-key"],
+        input="abc\n",
         capture_output=True,
         text=True,
         timeout=60,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from array import array
 from pathlib import Path
@@ -77,3 +78,41 @@ def test_ids_outside_the_store_are_refused(tmp_path: Path) -> None:
     assert store.get_file("../../etc/passwd") is None
     with pytest.raises(KeyError):
         store.commit_result("../x", 0, b"")
+
+
+def test_every_directory_level_the_store_creates_is_0750_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    old = os.umask(0o002)  # a umask that would leave new directories group-writable (0775)
+    try:
+        store = FileStore(tmp_path / "a" / "b" / "root")
+        store.commit_result("batch_abc", 12345, b"{}")
+    finally:
+        os.umask(old)
+    levels = [tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "root"]
+    batch = tmp_path / "a" / "b" / "root" / "batches" / "batch_abc"
+    levels += [batch, batch / "results", batch / "results" / "00012"]
+    assert {str(p): oct(mode(p)) for p in levels} == {str(p): oct(0o750) for p in levels}
+
+
+def test_a_committed_result_and_a_published_file_are_durable_in_their_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store.commit_result("batch_abc", 3, b"{}")
+    assert str(tmp_path / "batches" / "batch_abc" / "results" / "00000") in synced
+    synced.clear()
+    upload(store, b"x\n")
+    assert str(tmp_path / "files") in synced
+    synced.clear()
+    store.commit_result("batch_abc", 3, b"{}")  # lost the race: nothing new to make durable
+    assert synced == []
