@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import admin, batches, errors, files, health
+from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, CatchAll
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
@@ -29,8 +30,29 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 
     app = FastAPI(title="backfill", lifespan=lifespan)
     errors.install(app)
+    app.add_middleware(CatchAll)
+    app.add_middleware(BodyLimit, limit_for=body_limits(settings))  # outermost: before all
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(health.router)
     app.include_router(admin.router)
     return app
+
+
+LIVE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
+
+def body_limits(settings: Settings) -> Callable[[str, str], int]:
+    """The largest request body accepted at (method, path)."""
+    limits = settings.limits
+    upload = limits.max_file_bytes + UPLOAD_FORM_OVERHEAD
+    live = max(limits.max_request_bytes, limits.max_line_bytes)
+
+    def limit_for(method: str, path: str) -> int:
+        if path.rstrip("/") == "/v1/files":
+            return upload
+        if path in LIVE_PATHS:
+            return live
+        return limits.max_request_bytes
+
+    return limit_for

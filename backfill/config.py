@@ -65,6 +65,10 @@ class ModelConfig(_Strict):
 class Limits(_Strict):
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     """Largest accepted upload (enforced while streaming)."""
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest body of any other request to the api (creating a batch, route settings),
+    refused with 413 before it is parsed or the key is checked. Live requests may be as large
+    as a batch line (`max_line_bytes`) when that is larger."""
     max_lines_per_batch: int = Field(default=50_000, ge=1)
     max_line_bytes: int = Field(default=1024 * 1024, ge=16)
     """Largest accepted input line, in bytes, without its newline."""

@@ -1,10 +1,11 @@
 """The file store: uploads, batch line indexes, per-line result records, assembled outputs.
 
-The default is a local directory (one host, or several hosts on a shared volume). Files are written
-0600 and every directory level the store creates 0750, whatever the umask. Writes are atomic (temp
-file + rename or link) and durable (the file, then its directory, is fsynced), so a crash never
-leaves half a file behind nor loses a commit the caller was told about. Per-line results are committed first-writer-wins: a line that ran twice (a
-worker died after writing) keeps its first record, so it is committed exactly once.
+The default is a local directory (one host, or several hosts on a shared volume). Files are
+written 0600 and every directory level the store creates 0750, whatever the umask. Writes are
+atomic (temp file + rename or link) and durable (the file, then its directory, is fsynced), so a
+crash never leaves half a file behind nor loses a commit the caller was told about. Per-line
+results are committed first-writer-wins: a line that ran twice (a worker died after writing)
+keeps its first record, so it is committed exactly once.
 """
 
 from __future__ import annotations
