@@ -6,16 +6,21 @@ the scheduler's `set_settings` update, so it takes effect at once without restar
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from fastapi import APIRouter, Body
-from pydantic import ValidationError
+from fastapi import APIRouter, Depends
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
-from api.errors import Forbidden, InvalidRequest, NotFound
+from api.errors import Forbidden, NotFound
+from api.schemas import (
+    COMMON_ERRORS,
+    BatchScheduling,
+    ScheduledBatch,
+    SchedulingSettings,
+    SchedulingStatus,
+    error_responses,
+)
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
 from workflows.scheduler import (
@@ -25,7 +30,9 @@ from workflows.scheduler import (
     SchedulerStatus,
 )
 
-router = APIRouter(prefix="/api/v1/platform", tags=["admin"])
+router = APIRouter(
+    prefix="/api/v1/platform", tags=["admin"], responses=COMMON_ERRORS | error_responses(403, 404)
+)
 
 
 def _route_or_404(settings: Settings, route_id: str) -> RouteSettings:
@@ -39,6 +46,11 @@ def _require_admin(identity: Identity, *, write: bool) -> None:
     allowed = ("platform_admin",) if write else ("platform_admin", "auditor")
     if identity.role not in allowed:
         raise Forbidden("This needs a platform admin key.", code="insufficient_role")
+
+
+def _admin_writer(identity: IdentityDep) -> None:
+    """A dependency, so the role is checked before the body."""
+    _require_admin(identity, write=True)
 
 
 async def _scheduler(
@@ -57,25 +69,25 @@ async def _scheduler(
     )
 
 
-def _document(route_id: str, status: SchedulerStatus) -> dict[str, Any]:
-    return {
-        "route": route_id,
-        "settings": status.settings.model_dump(),
-        "status": {
-            "queued_lines": status.queued_lines,
-            "running_lines": status.allotted,
-            "limit": status.limit,
-            "state": "open",
-            "reason": None,
-            "batches": [b.model_dump() for b in status.batches],
-        },
-    }
+def _document(route_id: str, status: SchedulerStatus) -> BatchScheduling:
+    return BatchScheduling(
+        route=route_id,
+        settings=SchedulingSettings.model_validate(status.settings.model_dump()),
+        status=SchedulingStatus(
+            queued_lines=status.queued_lines,
+            running_lines=status.allotted,
+            limit=status.limit,
+            state="open",
+            reason=None,
+            batches=[ScheduledBatch.model_validate(b.model_dump()) for b in status.batches],
+        ),
+    )
 
 
-@router.get("/deployments/{route_id}/batch-scheduling")
+@router.get("/deployments/{route_id}/batch-scheduling", response_model=BatchScheduling)
 async def get_batch_scheduling(
     route_id: str, settings: SettingsDep, client: ClientDep, identity: IdentityDep
-) -> dict[str, Any]:
+) -> BatchScheduling:
     _require_admin(identity, write=False)
     initial = _route_or_404(settings, route_id)
     handle = client.get_workflow_handle_for(
@@ -99,22 +111,15 @@ async def get_batch_scheduling(
     return _document(route_id, status)
 
 
-@router.put("/deployments/{route_id}/batch-scheduling")
+@router.put(
+    "/deployments/{route_id}/batch-scheduling",
+    response_model=BatchScheduling,
+    dependencies=[Depends(_admin_writer)],
+)
 async def put_batch_scheduling(
-    route_id: str,
-    body: Annotated[dict[str, Any], Body()],
-    settings: SettingsDep,
-    client: ClientDep,
-    identity: IdentityDep,
-) -> dict[str, Any]:
-    _require_admin(identity, write=True)
+    route_id: str, new: RouteSettings, settings: SettingsDep, client: ClientDep
+) -> BatchScheduling:
     initial = _route_or_404(settings, route_id)
-    try:
-        new = RouteSettings.model_validate(body)
-    except ValidationError as err:
-        first = err.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise InvalidRequest(f"{param}: {first['msg']}", param=param) from None
     handle = await _scheduler(client, settings, route_id, initial)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
     return _document(route_id, await handle.query(RouteSchedulerWorkflow.status))

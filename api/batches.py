@@ -5,89 +5,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Annotated, Any, get_args
+from typing import Annotated, get_args
 
-from fastapi import APIRouter, Body, Query
-from pydantic import BaseModel, ConfigDict, ValidationError
+from fastapi import APIRouter, Query
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep
+from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound
 from api.progress import add_route_reasons
+from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
-from backfill.batches import (
-    COMPLETION_WINDOWS,
-    ENDPOINTS,
-    TERMINAL_STATUSES,
-    Batch,
-    BatchStatus,
-)
+from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.ids import new_batch_id
 from workflows.batch import BatchInput, BatchWorkflow
 from workflows.messages import PauseRequest
 
-router = APIRouter(prefix="/v1/batches", tags=["batches"])
+router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)
 
-MAX_METADATA_PAIRS = 16
 
-
-class CreateBatch(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    input_file_id: Any = None
-    endpoint: Any = None
-    completion_window: Any = None
-    metadata: Any = None
-
-
-def _check_create(req: CreateBatch) -> dict[str, str] | None:
-    if not isinstance(req.input_file_id, str) or not req.input_file_id:
-        raise InvalidRequest("Missing required parameter: 'input_file_id'.", param="input_file_id")
-    if req.endpoint not in ENDPOINTS:
-        raise InvalidRequest(
-            f"Invalid endpoint {req.endpoint!r}: must be one of {', '.join(ENDPOINTS)}.",
-            param="endpoint",
-        )
-    if req.completion_window not in COMPLETION_WINDOWS:
-        raise InvalidRequest(
-            f"Invalid completion_window {req.completion_window!r}: must be one of "
-            f"{', '.join(COMPLETION_WINDOWS)}.",
-            param="completion_window",
-        )
-    meta = req.metadata
-    if meta is None:
-        return None
-    if not isinstance(meta, dict) or len(meta) > MAX_METADATA_PAIRS:
-        raise InvalidRequest(
-            f"metadata must be an object of at most {MAX_METADATA_PAIRS} pairs.", param="metadata"
-        )
-    for k, v in meta.items():
-        if not isinstance(v, str) or len(k) > 64 or len(v) > 512:
-            raise InvalidRequest(
-                "metadata keys must be at most 64 characters and values strings of at most 512.",
-                param="metadata",
-            )
-    return meta
-
-
-@router.post("")
+@router.post("", response_model=Batch, responses=error_responses(403, 404))
 async def create_batch(
-    body: Annotated[dict[str, Any], Body()],
+    req: CreateBatch,
     settings: SettingsDep,
     client: ClientDep,
     store: StoreDep,
-    identity: IdentityDep,
-) -> dict[str, Any]:
-    identity.require_write()
-    try:
-        req = CreateBatch.model_validate(body)
-    except ValidationError as err:
-        raise InvalidRequest(str(err)) from None
-    metadata = _check_create(req)
-    file = store.get_file(req.input_file_id)
+    identity: WriterDep,
+) -> Batch:
+    file = await asyncio.to_thread(store.get_file, req.input_file_id)
     if file is None or file.workspace != identity.workspace:
         raise NotFound(
             f"No such File object: {req.input_file_id}", param="input_file_id", code="invalid_file"
@@ -101,7 +48,7 @@ async def create_batch(
     now_ms = int(time.time() * 1000)
     now = now_ms // 1000
     batch_id = new_batch_id(now_ms)
-    store.snapshot_input(batch_id, file.id)
+    await asyncio.to_thread(store.snapshot_input, batch_id, file.id)
     allowed = None
     inp = BatchInput(
         batch_id=batch_id,
@@ -110,7 +57,7 @@ async def create_batch(
         endpoint=req.endpoint,
         completion_window=req.completion_window,
         created_at=now,
-        metadata=metadata,
+        metadata=req.metadata,
         allowed_models=allowed,
         line_timeout_seconds=settings.limits.line_timeout_seconds,
         max_line_retries=settings.limits.max_line_retries,
@@ -131,16 +78,16 @@ async def create_batch(
         memo={"workspace": identity.workspace},
         static_summary=f"{req.endpoint} batch of {file.filename} ({identity.workspace})",
     )
-    return _public(BatchWorkflow.initial_batch(inp))
+    return BatchWorkflow.initial_batch(inp)
 
 
-@router.get("")
+@router.get("", response_model=BatchList)
 async def list_batches(
     client: ClientDep,
     identity: IdentityDep,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-) -> dict[str, Any]:
+) -> BatchList:
     # SQL visibility ignores ORDER BY, so order here: newest first by (created_at, id).
     query = (
         f"WorkflowType = 'BatchWorkflow' AND {sa.WORKSPACE.name} = '{_quote(identity.workspace)}'"
@@ -158,27 +105,25 @@ async def list_batches(
         ordered = [r for r in ordered if r < rows[after]]
     page = ordered[:limit]
     batches = await asyncio.gather(*(_load_or_stub(client, batch_id) for _, batch_id in page))
-    data = [_public(b) for b in batches]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(ordered) > limit,
-    }
+    return BatchList(
+        data=batches,
+        first_id=batches[0].id if batches else None,
+        last_id=batches[-1].id if batches else None,
+        has_more=len(ordered) > limit,
+    )
 
 
-@router.get("/{batch_id}")
-async def retrieve_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> dict[str, Any]:
+@router.get("/{batch_id}", response_model=Batch, responses=error_responses(404))
+async def retrieve_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> Batch:
     desc = await _describe(client, identity, batch_id)
     batch = await _load(client, batch_id, desc)
     if batch.status not in TERMINAL_STATUSES:
         await add_route_reasons(client, batch, desc)
-    return _public(batch)
+    return batch
 
 
-@router.post("/{batch_id}/cancel")
-async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> dict[str, Any]:
+@router.post("/{batch_id}/cancel", response_model=Batch, responses=error_responses(403, 404, 409))
+async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> Batch:
     identity.require_write()
     desc = await _describe(client, identity, batch_id)
     batch = await _load(client, batch_id, desc)
@@ -187,20 +132,22 @@ async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) 
             f"Cannot cancel a batch with status '{batch.status}'.", code="invalid_batch_status"
         )
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
-    return _public(await handle.execute_update(BatchWorkflow.cancel_now))
+    return await handle.execute_update(BatchWorkflow.cancel_now)
 
 
-@router.post("/{batch_id}/pause")
-async def pause_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> dict[str, Any]:
+@router.post("/{batch_id}/pause", response_model=Batch, responses=error_responses(403, 404, 409))
+async def pause_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> Batch:
+    """Extension: hold the batch's lines back (running lines finish) until resumed."""
     return await _control(client, identity, batch_id, pause=True)
 
 
-@router.post("/{batch_id}/resume")
-async def resume_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> dict[str, Any]:
+@router.post("/{batch_id}/resume", response_model=Batch, responses=error_responses(403, 404, 409))
+async def resume_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> Batch:
+    """Extension: let a paused batch's lines run again."""
     return await _control(client, identity, batch_id, pause=False)
 
 
-async def _control(client: Client, identity: Identity, batch_id: str, *, pause: bool) -> dict:  # type: ignore[type-arg]
+async def _control(client: Client, identity: Identity, batch_id: str, *, pause: bool) -> Batch:
     identity.require_write()
     desc = await _describe(client, identity, batch_id)
     batch = await _load(client, batch_id, desc)
@@ -215,7 +162,7 @@ async def _control(client: Client, identity: Identity, batch_id: str, *, pause: 
     else:
         await handle.signal(BatchWorkflow.resume)
     # The signal is in history before we query, so the answer includes it.
-    return _public(await handle.query(BatchWorkflow.describe))
+    return await handle.query(BatchWorkflow.describe)
 
 
 async def _describe(
@@ -278,10 +225,6 @@ async def _load_or_stub(client: Client, batch_id: str) -> Batch:
             status=status if status in get_args(BatchStatus) else "in_progress",  # type: ignore[arg-type]
             created_at=int(created),
         )
-
-
-def _public(batch: Batch) -> dict[str, Any]:
-    return batch.model_dump(mode="json")
 
 
 def _quote(value: str) -> str:

@@ -62,7 +62,14 @@ def get_identity(
     return Identity(workspace=key.workspace, role=key.role, key_name=key.name or key.sha256[:8])
 
 
+def get_writer(identity: Annotated[Identity, Depends(get_identity)]) -> Identity:
+    """The caller, who may change things: a dependency, so it is checked before the body."""
+    identity.require_write()
+    return identity
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClientDep = Annotated[Client, Depends(get_client)]
 StoreDep = Annotated[FileStore, Depends(get_store)]
 IdentityDep = Annotated[Identity, Depends(get_identity)]
+WriterDep = Annotated[Identity, Depends(get_writer)]

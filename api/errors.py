@@ -5,13 +5,23 @@ Raised by type anywhere in the api; mapped to responses in one place (`install`)
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.schemas import ErrorDetail, ErrorResponse
+
 log = logging.getLogger(__name__)
+
+NOT_JSON = (
+    "We could not parse the JSON body of your request. The API expects a JSON payload, but what "
+    "was sent was not valid JSON."
+)
+NOT_AN_OBJECT = "The request body must be a JSON object."
 
 
 class APIError(Exception):
@@ -25,14 +35,8 @@ class APIError(Exception):
         self.code = code
 
     def body(self) -> dict[str, object]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=detail).model_dump(mode="json")
 
 
 class InvalidRequest(APIError):
@@ -66,6 +70,28 @@ class Unavailable(APIError):
     type = "server_error"
 
 
+def invalid_request(error: Mapping[str, Any]) -> InvalidRequest:
+    """A 400 in OpenAI's shape for one pydantic/FastAPI validation error.
+
+    `param` is the top-level parameter at fault (`metadata` for a bad `metadata.k` value), the
+    message names the full path. A body that is not JSON, or JSON but not an object, has no param.
+    """
+    loc = tuple(error.get("loc", ()))
+    kind = error.get("type")
+    if kind == "json_invalid":
+        return InvalidRequest(NOT_JSON)
+    source, path = (loc[0], loc[1:]) if loc and loc[0] in ("body", "query", "path") else (None, loc)
+    if not path:
+        if source == "body":
+            return InvalidRequest(NOT_AN_OBJECT)
+        return InvalidRequest(str(error.get("msg", "Invalid request.")))
+    param = str(path[0])
+    if kind == "missing" and len(path) == 1:
+        return InvalidRequest(f"Missing required parameter: '{param}'.", param=param)
+    where = ".".join(str(p) for p in path)
+    return InvalidRequest(f"Invalid value for '{where}': {error.get('msg')}.", param=param)
+
+
 def _response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
 
@@ -77,11 +103,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
-        param = ".".join(loc) or None
-        msg = first.get("msg", "Invalid request")
-        return _response(InvalidRequest(f"{param}: {msg}" if param else msg, param=param))
+        errors = exc.errors()
+        return _response(invalid_request(errors[0] if errors else {}))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

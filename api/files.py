@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Literal
 
@@ -10,25 +11,38 @@ from fastapi.responses import FileResponse
 
 from api.deps import IdentityDep, SettingsDep, StoreDep
 from api.errors import InvalidRequest, NotFound
+from api.schemas import (
+    COMMON_ERRORS,
+    UPLOAD_BODY,
+    FileDeleted,
+    FileList,
+    FileObject,
+    error_responses,
+)
 from api.upload import read_upload
-from backfill.store import FileObject
+from backfill.store import FileObject as StoredFile
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=COMMON_ERRORS)
 
 ACCEPTED_PURPOSES = ("batch",)
 
 
-def _visible(store: StoreDep, identity: IdentityDep, file_id: str) -> FileObject:
-    obj = store.get_file(file_id)
+async def _visible(store: StoreDep, identity: IdentityDep, file_id: str) -> StoredFile:
+    obj = await asyncio.to_thread(store.get_file, file_id)
     if obj is None or not identity.can_see(obj.workspace):
         raise NotFound(f"No such File object: {file_id}", param="id", code="file_not_found")
     return obj
 
 
-@router.post("")
+@router.post(
+    "",
+    response_model=FileObject,
+    responses=error_responses(403, 413),
+    openapi_extra=UPLOAD_BODY,
+)
 async def upload_file(
     request: Request, settings: SettingsDep, store: StoreDep, identity: IdentityDep
-) -> dict[str, object]:
+) -> FileObject:
     identity.require_write()
     parsed = await read_upload(request, store, settings.limits.max_file_bytes)
     upload = parsed.upload
@@ -42,7 +56,8 @@ async def upload_file(
             )
         if upload is None:
             raise InvalidRequest("Missing required parameter: 'file'.", param="file")
-        obj = upload.finish(
+        obj = await asyncio.to_thread(
+            upload.finish,
             workspace=identity.workspace,
             filename=parsed.filename,
             purpose=purpose,
@@ -50,11 +65,11 @@ async def upload_file(
         )
     finally:
         if upload is not None:
-            upload.abort()
-    return obj.public()
+            await asyncio.to_thread(upload.abort)
+    return FileObject.of(obj)
 
 
-@router.get("")
+@router.get("", response_model=FileList)
 async def list_files(
     store: StoreDep,
     identity: IdentityDep,
@@ -62,9 +77,10 @@ async def list_files(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     order: Literal["asc", "desc"] = "desc",
     purpose: str | None = None,
-) -> dict[str, object]:
+) -> FileList:
     workspace = None if identity.can_see(None) else identity.workspace
-    files = [f for f in store.list_files(workspace) if purpose is None or f.purpose == purpose]
+    stored = await asyncio.to_thread(store.list_files, workspace)
+    files = [f for f in stored if purpose is None or f.purpose == purpose]
     files.sort(key=lambda f: (f.created_at, f.id), reverse=order == "desc")
     if after is not None:
         ids = [f.id for f in files]
@@ -72,23 +88,35 @@ async def list_files(
             raise InvalidRequest(f"No such File object for 'after': {after}", param="after")
         files = files[ids.index(after) + 1 :]
     page = files[:limit]
-    return {
-        "object": "list",
-        "data": [f.public() for f in page],
-        "first_id": page[0].id if page else None,
-        "last_id": page[-1].id if page else None,
-        "has_more": len(files) > limit,
-    }
+    return FileList(
+        data=[FileObject.of(f) for f in page],
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(files) > limit,
+    )
 
 
-@router.get("/{file_id}")
-async def retrieve_file(file_id: str, store: StoreDep, identity: IdentityDep) -> dict[str, object]:
-    return _visible(store, identity, file_id).public()
+@router.get("/{file_id}", response_model=FileObject, responses=error_responses(404))
+async def retrieve_file(file_id: str, store: StoreDep, identity: IdentityDep) -> FileObject:
+    return FileObject.of(await _visible(store, identity, file_id))
 
 
-@router.get("/{file_id}/content")
+@router.get(
+    "/{file_id}/content",
+    response_class=FileResponse,
+    responses={
+        200: {
+            "description": "The file's bytes, as uploaded or assembled",
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        },
+        **error_responses(404),
+    },
+)
 async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> FileResponse:
-    obj = _visible(store, identity, file_id)
+    obj = await _visible(store, identity, file_id)
+    # FileResponse stats and reads the file in a worker thread (anyio), off the event loop.
     return FileResponse(
         store.content_path(obj.id),
         media_type="application/octet-stream",
@@ -96,9 +124,9 @@ async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> 
     )
 
 
-@router.delete("/{file_id}")
-async def delete_file(file_id: str, store: StoreDep, identity: IdentityDep) -> dict[str, object]:
+@router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(403, 404))
+async def delete_file(file_id: str, store: StoreDep, identity: IdentityDep) -> FileDeleted:
     identity.require_write()
-    obj = _visible(store, identity, file_id)
-    store.delete_file(obj.id)
-    return {"id": obj.id, "object": "file", "deleted": True}
+    obj = await _visible(store, identity, file_id)
+    await asyncio.to_thread(store.delete_file, obj.id)
+    return FileDeleted(id=obj.id, deleted=True)

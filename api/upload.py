@@ -1,10 +1,12 @@
 """Streaming multipart/form-data parsing for `POST /v1/files`.
 
 The file part goes straight into the store as it arrives, with the size cap enforced while
-streaming (FastAPI's UploadFile would spool the whole body first)."""
+streaming (FastAPI's UploadFile would spool the whole body first). Parsing and the store's disk
+writes run in a worker thread, one chunk at a time, so a slow disk never stalls the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -99,15 +101,22 @@ async def read_upload(request: Request, store: FileStore, max_bytes: int) -> Par
     )
     try:
         async for chunk in request.stream():
-            parser.write(chunk)
+            # The callbacks above run in that thread too (begin_upload, Upload.write); the loop
+            # waits for each chunk, so they never run concurrently with each other.
+            await asyncio.to_thread(parser.write, chunk)
             if errors:
                 break
         parser.finalize()
+    except asyncio.CancelledError:
+        # Nobody will finish or abort this upload: drop its temp file now.
+        if out.upload is not None:
+            out.upload.abort()
+        raise
     except Exception as err:
         errors.append(err)
     if errors:
         if out.upload is not None:
-            out.upload.abort()
+            await asyncio.to_thread(out.upload.abort)
         first = errors[0]
         if isinstance(first, FileTooLarge):
             raise PayloadTooLarge(

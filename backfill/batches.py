@@ -6,9 +6,9 @@ pydantic models: safe to import inside the workflow sandbox.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 BatchStatus = Literal[
     "validating",
@@ -22,12 +22,23 @@ BatchStatus = Literal[
 ]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 
-ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-COMPLETION_WINDOWS: dict[str, int] = {"24h": 24, "48h": 48, "72h": 72, "168h": 168}
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
+CompletionWindow = Literal["24h", "48h", "72h", "168h"]
+COMPLETION_WINDOWS: dict[str, int] = {
+    w: int(w.removesuffix("h")) for w in get_args(CompletionWindow)
+}
 """Accepted completion windows and their length in hours."""
 
 
-class BatchError(BaseModel):
+class _Wire(BaseModel):
+    """Served as is by the api: every field is always sent (`null` included), so the JSON schema
+    marks fields with defaults as required too."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+class BatchError(_Wire):
     """One entry of OpenAI's `errors.data` list (why validation failed)."""
 
     code: str
@@ -37,26 +48,26 @@ class BatchError(BaseModel):
     param: str | None = None
 
 
-class BatchErrors(BaseModel):
+class BatchErrors(_Wire):
     object: Literal["list"] = "list"
     data: list[BatchError] = Field(default_factory=list)
 
 
-class RequestCounts(BaseModel):
+class RequestCounts(_Wire):
     total: int = 0
     completed: int = 0
     failed: int = 0
 
 
-class InputTokensDetails(BaseModel):
+class InputTokensDetails(_Wire):
     cached_tokens: int = 0
 
 
-class OutputTokensDetails(BaseModel):
+class OutputTokensDetails(_Wire):
     reasoning_tokens: int = 0
 
 
-class Usage(BaseModel):
+class Usage(_Wire):
     input_tokens: int = 0
     input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
     output_tokens: int = 0
@@ -88,7 +99,7 @@ class TokenCounts(BaseModel):
         self.reasoning_tokens += other.reasoning_tokens
 
 
-class RouteProgress(BaseModel):
+class RouteProgress(_Wire):
     """Per model/route state of a batch (extension field)."""
 
     model: str
@@ -103,7 +114,7 @@ class RouteProgress(BaseModel):
     finished_lines: int = 0
 
 
-class BackfillExtension(BaseModel):
+class BackfillExtension(_Wire):
     paused: bool = False
     paused_by: str | None = None
     summary: str | None = None
@@ -112,7 +123,7 @@ class BackfillExtension(BaseModel):
     workspace: str | None = None
 
 
-class Batch(BaseModel):
+class Batch(_Wire):
     """OpenAI's Batch object; `backfill` holds our extension fields."""
 
     id: str

@@ -87,6 +87,16 @@ def create_body(file_id: str, **over: Any) -> dict[str, Any]:
         ({"metadata": ["k", "v"]}, "metadata"),
         ({"input_file_id": None}, "input_file_id"),
         ({"input_file_id": ""}, "input_file_id"),
+        # Wrong JSON types: lists and objects where a string or an object belongs.
+        ({"completion_window": ["24h"]}, "completion_window"),
+        ({"completion_window": {"hours": 24}}, "completion_window"),
+        ({"endpoint": [ENDPOINT]}, "endpoint"),
+        ({"endpoint": {"path": ENDPOINT}}, "endpoint"),
+        ({"input_file_id": ["file-abc"]}, "input_file_id"),
+        ({"input_file_id": {"id": "file-abc"}}, "input_file_id"),
+        ({"metadata": {"k": {"nested": "v"}}}, "metadata"),
+        ({"metadata": {"k": ["v"]}}, "metadata"),
+        ({"metadata": "k=v"}, "metadata"),
     ],
 )
 async def test_create_rejects_bad_parameters(
@@ -96,15 +106,27 @@ async def test_create_rejects_bad_parameters(
     assert_error(resp, 400, param=param)
 
 
-async def test_create_rejects_non_object_body(http: httpx.AsyncClient) -> None:
-    for content in (b"not json", b"[1, 2]", b""):
-        resp = await http.post(
-            "/v1/batches",
-            headers={**auth(), "Content-Type": "application/json"},
-            content=content,
-        )
-        assert resp.status_code == 400, resp.text
-        assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+@pytest.mark.parametrize(
+    "content",
+    [b"not json", b'{"input_file_id": ', b"[1, 2]", b'["input_file_id"]', b'"24h"', b"3", b""],
+)
+async def test_create_rejects_non_object_body(http: httpx.AsyncClient, content: bytes) -> None:
+    resp = await http.post(
+        "/v1/batches",
+        headers={**auth(), "Content-Type": "application/json"},
+        content=content,
+    )
+    assert_error(resp, 400, param=None)
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [({"limit": "abc"}, "limit"), ({"limit": "1.5"}, "limit"), ({"limit": ""}, "limit")],
+)
+async def test_list_rejects_query_of_the_wrong_type(
+    http: httpx.AsyncClient, params: dict[str, str], param: str
+) -> None:
+    assert_error(await http.get("/v1/batches", headers=auth(), params=params), 400, param=param)
 
 
 async def test_create_with_sdk_bad_window_raises_bad_request(stack: Stack, alpha_file: str) -> None:

@@ -1,0 +1,239 @@
+"""The api's request and response models: what `/openapi.json` and `/docs` describe.
+
+Responses keep OpenAI's wire shape: every field is always sent, `null` where OpenAI sends `null`
+(never `response_model_exclude_none`), so the `openai` SDK parses them as it parses OpenAI's.
+The Batch object itself is `backfill.batches.Batch`, shared with the workflows that build it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from backfill.batches import Batch, CompletionWindow, Endpoint
+from backfill.store import FileObject as StoredFile
+
+MAX_METADATA_PAIRS = 16
+
+_Output = ConfigDict(
+    json_schema_serialization_defaults_required=True, use_attribute_docstrings=True
+)
+"""Response models: a field with a default is still always sent, so the schema marks it required;
+attribute docstrings become the fields' descriptions in `/docs`."""
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    model_config = _Output
+
+    message: str
+    """What went wrong, for a human."""
+    type: str
+    """`invalid_request_error`, `permission_error` or `server_error`."""
+    param: str | None = None
+    """The request parameter at fault, if one is."""
+    code: str | None = None
+    """A stable machine-readable code where there is one (`file_not_found`, `read_only`, ...)."""
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error envelope: every non-2xx answer of `/v1` and `/api/v1` has this shape."""
+
+    model_config = _Output
+
+    error: ErrorDetail
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: a parameter, the body or a query parameter is wrong",
+    401: "Missing or unknown API key",
+    403: "The key's role may not do this",
+    404: "No such object (or another workspace's)",
+    409: "The object's status does not allow this",
+    413: "The upload is larger than the configured cap",
+    500: "Unexpected server error",
+    503: "A dependency (Temporal) is unavailable",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries documenting these error statuses with the envelope model.
+
+    Validation errors are answered 400 in the envelope, never FastAPI's 422 `{"detail": ...}`."""
+    return {s: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
+
+
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    **error_responses(400, 401, 500),
+    "4XX": {"model": ErrorResponse, "description": "Any other client error, in the same envelope"},
+}
+"""Every authenticated route can answer these. Documenting `4XX` also keeps FastAPI from
+documenting its default 422 `{"detail": ...}`, which this api never sends."""
+
+
+# ---- files -------------------------------------------------------------------------------------
+
+
+class FileObject(BaseModel):
+    """OpenAI's File object (the owner workspace stays internal)."""
+
+    model_config = _Output
+
+    id: str
+    bytes: int
+    """Size in bytes."""
+    created_at: int
+    """Unix seconds."""
+    filename: str
+    purpose: str
+    """`batch` for uploads, `batch_output` for a batch's output and error files."""
+    object: Literal["file"] = "file"
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+
+    @classmethod
+    def of(cls, stored: StoredFile) -> FileObject:
+        return cls.model_validate(stored.model_dump(exclude={"workspace"}))
+
+
+class FileList(BaseModel):
+    model_config = _Output
+
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class FileDeleted(BaseModel):
+    model_config = _Output
+
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": ["batch"]},
+                    },
+                }
+            }
+        },
+    }
+}
+"""`POST /v1/files`'s body, streamed by `api.upload` rather than declared as parameters."""
+
+
+# ---- batches -----------------------------------------------------------------------------------
+
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+
+
+class CreateBatch(BaseModel):
+    """`POST /v1/batches`. Unknown fields are ignored."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    input_file_id: str = Field(min_length=1)
+    """An uploaded file of purpose `batch`, in the caller's workspace."""
+    endpoint: Endpoint
+    completion_window: CompletionWindow
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        default=None, max_length=MAX_METADATA_PAIRS
+    )
+    """Up to 16 pairs; keys of at most 64 characters, string values of at most 512."""
+
+
+class BatchList(BaseModel):
+    model_config = _Output
+
+    object: Literal["list"] = "list"
+    data: list[Batch]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+# ---- management API: batch scheduling ----------------------------------------------------------
+
+
+class SchedulingSettings(BaseModel):
+    """A route's batch-scheduling settings, as held by its scheduler."""
+
+    model_config = _Output
+
+    max_concurrent_lines: int
+    """"Batch lines at once": lines running on the route across every batch and process."""
+
+
+class ScheduledBatch(BaseModel):
+    """One batch as the route's scheduler sees it."""
+
+    model_config = _Output
+
+    batch_id: str
+    workspace: str
+    wanted: int
+    """Lines the batch could run now on this route."""
+    allotment: int
+    """Lines it may run (the scheduler's last decision)."""
+    held: int
+    """Slots counted as used by it (the old allotment until a shrink is acknowledged)."""
+    queue_position: int | None = None
+    reason: str | None = None
+    """Why its lines wait, when they do."""
+
+
+class SchedulingStatus(BaseModel):
+    model_config = _Output
+
+    queued_lines: int
+    """Lines wanted beyond their allotments."""
+    running_lines: int
+    """Sum of allotments: lines batches may run now."""
+    limit: int
+    state: Literal["open"] = "open"
+    reason: str | None = None
+    batches: list[ScheduledBatch]
+
+
+class BatchScheduling(BaseModel):
+    """`/api/v1/platform/deployments/{id}/batch-scheduling`: a route's settings and status."""
+
+    model_config = _Output
+
+    route: str
+    settings: SchedulingSettings
+    status: SchedulingStatus
+
+
+__all__ = [
+    "Batch",
+    "BatchList",
+    "BatchScheduling",
+    "COMMON_ERRORS",
+    "CreateBatch",
+    "ErrorResponse",
+    "FileDeleted",
+    "FileList",
+    "FileObject",
+    "ScheduledBatch",
+    "SchedulingSettings",
+    "SchedulingStatus",
+    "error_responses",
+]
