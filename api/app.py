@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import admin, batches, errors, files, health
-from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, CatchAll
+from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
@@ -31,7 +31,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app = FastAPI(title="backfill", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, limit_for=body_limits(settings))  # outermost: before all
+    app.add_middleware(BodyLimit, rule_for=body_rules(settings))  # outermost: before all
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(health.router)
@@ -42,17 +42,24 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 LIVE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
 
-def body_limits(settings: Settings) -> Callable[[str, str], int]:
-    """The largest request body accepted at (method, path)."""
+def body_rules(settings: Settings) -> Callable[[str, str], BodyRule]:
+    """The rule for the request body at (method, path)."""
     limits = settings.limits
-    upload = limits.max_file_bytes + UPLOAD_FORM_OVERHEAD
-    live = max(limits.max_request_bytes, limits.max_line_bytes)
+    upload = BodyRule(
+        max_bytes=limits.max_file_bytes + UPLOAD_FORM_OVERHEAD,
+        streamed=True,
+        code="file_too_large",
+        param="file",
+        message=f"File is too large: the limit is {limits.max_file_bytes} bytes.",
+    )
+    live = BodyRule(max(limits.max_request_bytes, limits.max_line_bytes))
+    other = BodyRule(limits.max_request_bytes)
 
-    def limit_for(method: str, path: str) -> int:
+    def rule_for(method: str, path: str) -> BodyRule:
         if path.rstrip("/") == "/v1/files":
             return upload
         if path in LIVE_PATHS:
             return live
-        return limits.max_request_bytes
+        return other
 
-    return limit_for
+    return rule_for

@@ -3,8 +3,9 @@
 - `BodyLimit`: a request body over its limit is answered 413 in OpenAI's envelope before it is
   parsed and before authentication does any work. A declared `Content-Length` is checked at
   once; a body without one (chunked) is read up to the limit and replayed to the app. Uploads
-  (`POST /v1/files`) get the file cap plus room for the form; the upload parser enforces its own
-  per-part limits while streaming.
+  (`POST /v1/files`) get the file cap plus room for the form and are never buffered here: past
+  the limit their `receive` raises `BodyTooLarge`, and the upload parser (which also bounds the
+  parts, their headers and fields while streaming) answers 413.
 - `CatchAll`: an unexpected exception is answered 500 in the envelope, and the connection stays
   usable. (Starlette's server-error middleware re-raises after sending its 500, and uvicorn then
   drops the connection: the client's next request on it would be reset.)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,8 +26,8 @@ UPLOAD_FORM_OVERHEAD = 1 << 20
 """Bytes allowed beyond the file cap for the form's boundaries, headers and small fields."""
 
 
-def _envelope(message: str, type_: str, code: str | None) -> bytes:
-    err = {"message": message, "type": type_, "param": None, "code": code}
+def _envelope(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    err = {"message": message, "type": type_, "param": param, "code": code}
     return json.dumps({"error": err}).encode()
 
 
@@ -35,22 +37,42 @@ async def _send_error(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class BodyTooLarge(Exception):
+    """Raised by a streamed request's `receive` once the body passed its limit."""
+
+
+@dataclass(frozen=True)
+class BodyRule:
+    max_bytes: int
+    """The largest body accepted."""
+    streamed: bool = False
+    """The route streams the body itself (uploads): never buffer it here; past the limit its
+    `receive` raises `BodyTooLarge` for the route to answer."""
+    code: str = "request_too_large"
+    param: str | None = None
+    message: str = "The request body is too large: the limit here is {max_bytes} bytes."
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, limit_for: Callable[[str, str], int]) -> None:
+    def __init__(self, app: ASGIApp, rule_for: Callable[[str, str], BodyRule]) -> None:
         self.app = app
-        self.limit_for = limit_for
-        """(method, path) -> the largest body accepted, in bytes."""
+        self.rule_for = rule_for
+        """(method, path) -> the rule for that request's body."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["method"], scope["path"])
+        rule = self.rule_for(scope["method"], scope["path"])
+        limit = rule.max_bytes
         declared = _content_length(scope)
-        if declared is not None:
-            if declared > limit:
-                await self._too_large(send, limit)
-                return
+        if declared is not None and declared > limit:
+            await self._too_large(send, rule)
+            return
+        if rule.streamed:
+            await self.app(scope, _counting(receive, limit), send)
+            return
+        if declared is not None:  # the server holds the client to its Content-Length
             await self.app(scope, receive, send)
             return
         # No Content-Length: read (at most limit + 1 bytes) before the app sees anything.
@@ -63,7 +85,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await self._too_large(send, limit)
+                await self._too_large(send, rule)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -81,9 +103,26 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     @staticmethod
-    async def _too_large(send: Send, limit: int) -> None:
-        msg = f"The request body is too large: the limit here is {limit} bytes."
-        await _send_error(send, 413, _envelope(msg, "invalid_request_error", "request_too_large"))
+    async def _too_large(send: Send, rule: BodyRule) -> None:
+        msg = rule.message.format(max_bytes=rule.max_bytes)
+        body = _envelope(msg, "invalid_request_error", rule.code, rule.param)
+        await _send_error(send, 413, body)
+
+
+def _counting(receive: Receive, limit: int) -> Receive:
+    """`receive` that raises `BodyTooLarge` once more than `limit` body bytes came."""
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLarge(limit)
+        return message
+
+    return wrapped
 
 
 def _content_length(scope: Scope) -> int | None:

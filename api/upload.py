@@ -7,15 +7,23 @@ writes run in a worker thread, one chunk at a time, so a slow disk never stalls 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from api.errors import InvalidRequest, PayloadTooLarge
+from api.middleware import BodyTooLarge
 from backfill.store import FileStore, FileTooLarge, Upload
 
 MAX_FIELD_BYTES = 4096
+"""Largest value of a form field other than the file."""
+MAX_PARTS = 16
+"""Most parts in one form (the file, purpose, expires_after[...] and a few to spare)."""
+MAX_HEADER_BYTES = 8192
+"""Most header bytes in one part."""
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,16 +49,33 @@ async def read_upload(request: Request, store: FileStore, max_bytes: int) -> Par
     field_buf = bytearray()
     errors: list[Exception] = []
 
+    counts = {"parts": 0, "header_bytes": 0}
+
     def on_part_begin() -> None:
         part.clear()
         headers.clear()
         field_buf.clear()
+        counts["parts"] += 1
+        counts["header_bytes"] = 0
+        if counts["parts"] > MAX_PARTS and not errors:
+            errors.append(InvalidRequest(f"The form has more than {MAX_PARTS} parts."))
+
+    def count_header(n: int) -> None:
+        counts["header_bytes"] += n
+        if counts["header_bytes"] > MAX_HEADER_BYTES and not errors:
+            errors.append(
+                InvalidRequest(f"A form part's headers are longer than {MAX_HEADER_BYTES} bytes.")
+            )
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
-        header_field.extend(data[start:end])
+        count_header(end - start)
+        if not errors:
+            header_field.extend(data[start:end])
 
     def on_header_value(data: bytes, start: int, end: int) -> None:
-        header_value.extend(data[start:end])
+        count_header(end - start)
+        if not errors:
+            header_value.extend(data[start:end])
 
     def on_header_end() -> None:
         headers[bytes(header_field).lower()] = bytes(header_value)
@@ -58,6 +83,8 @@ async def read_upload(request: Request, store: FileStore, max_bytes: int) -> Par
         header_value.clear()
 
     def on_headers_finished() -> None:
+        if errors:
+            return
         _, disp = parse_options_header(headers.get(b"content-disposition", b""))
         name = disp.get(b"name", b"").decode(errors="replace")
         part["name"] = name
@@ -98,6 +125,10 @@ async def read_upload(request: Request, store: FileStore, max_bytes: int) -> Par
             "on_part_data": on_part_data,
             "on_part_end": on_part_end,
         },
+        # The parser's own bounds (per header line) sit above ours, so ours answer first,
+        # with a clear message; a single line over twice our bound is "malformed".
+        max_header_count=MAX_PARTS,
+        max_header_size=2 * MAX_HEADER_BYTES,
     )
     try:
         async for chunk in request.stream():
@@ -112,19 +143,25 @@ async def read_upload(request: Request, store: FileStore, max_bytes: int) -> Par
         if out.upload is not None:
             out.upload.abort()
         raise
+    except BodyTooLarge as err:
+        errors.append(err)
     except Exception as err:
+        log.info("malformed multipart upload: %r", err)
         errors.append(err)
     if errors:
         if out.upload is not None:
             await asyncio.to_thread(out.upload.abort)
         first = errors[0]
-        if isinstance(first, FileTooLarge):
-            raise PayloadTooLarge(
-                f"File is too large: the limit is {max_bytes} bytes.",
-                param="file",
-                code="file_too_large",
-            )
+        if isinstance(first, FileTooLarge | BodyTooLarge):
+            raise file_too_large(max_bytes)
         if isinstance(first, InvalidRequest):
             raise first
-        raise InvalidRequest(f"Malformed multipart body: {first}", param="file")
+        # Never the parser's text: it may name internals.
+        raise InvalidRequest("The multipart/form-data body is malformed.", param="file")
     return out
+
+
+def file_too_large(max_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"File is too large: the limit is {max_bytes} bytes.", param="file", code="file_too_large"
+    )

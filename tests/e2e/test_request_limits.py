@@ -3,8 +3,12 @@ envelope before the key is even looked at; uploads get the file cap."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import httpx
 
+from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, assert_error, auth
 
 
@@ -20,3 +24,47 @@ async def test_an_oversized_json_body_is_refused_before_authentication(stack: St
             assert_error(resp, 413, code="request_too_large")
         small = await http.post("/v1/batches", json={"input_file_id": 5}, headers=auth())
         assert small.status_code == 400  # under the limit: parsed and answered as usual
+
+
+def form(parts: list[tuple[bytes, bytes]], boundary: bytes = b"lim1t") -> bytes:
+    out = b""
+    for headers, value in parts:
+        out += b"--" + boundary + b"\r\n" + headers + b"\r\n\r\n" + value + b"\r\n"
+    return out + b"--" + boundary + b"--\r\n"
+
+
+FORM_HEADERS = {**auth(), "Content-Type": "multipart/form-data; boundary=lim1t"}
+FILE_PART = (b'Content-Disposition: form-data; name="file"; filename="a.jsonl"', b"{}\n")
+PURPOSE = (b'Content-Disposition: form-data; name="purpose"', b"batch")
+
+
+async def test_an_upload_form_with_too_many_parts_or_header_bytes_is_refused(
+    stack: Stack,
+) -> None:
+    many = [(f'Content-Disposition: form-data; name="f{i}"'.encode(), b"x") for i in range(40)]
+    long_header = (b'Content-Disposition: form-data; name="purpose"; x="' + b"h" * 9000 + b'"', b"")
+    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+        resp = await http.post("/v1/files", content=form(many + [FILE_PART]), headers=FORM_HEADERS)
+        assert "parts" in assert_error(resp, 400)["message"]
+        resp = await http.post(
+            "/v1/files", content=form([long_header, FILE_PART]), headers=FORM_HEADERS
+        )
+        assert "headers" in assert_error(resp, 400)["message"]
+        ok = await http.post("/v1/files", content=form([PURPOSE, FILE_PART]), headers=FORM_HEADERS)
+        assert ok.status_code == 200, ok.text
+
+
+async def test_a_chunked_upload_past_the_request_limit_is_refused_while_streaming(
+    tmp_path: Path, dev_server: TemporalServer
+) -> None:
+    async with Stack(tmp_path, dev_server.address, limits={"max_file_bytes": 1000}).running() as s:
+
+        async def body() -> AsyncIterator[bytes]:
+            yield form([PURPOSE, FILE_PART])
+            for _ in range(3):  # after the closing boundary: only the request limit bounds it
+                yield b"e" * (1 << 20)
+
+        async with httpx.AsyncClient(base_url=s.api_url) as http:
+            resp = await http.post("/v1/files", content=body(), headers=FORM_HEADERS)
+            assert_error(resp, 413, param="file", code="file_too_large")
+            assert [p for p in (tmp_path / "data" / "files").iterdir()] == []

@@ -10,7 +10,7 @@ import httpx
 import pytest_asyncio
 from fastapi import FastAPI, Request
 
-from api.middleware import BodyLimit, CatchAll
+from api.middleware import BodyLimit, BodyRule, CatchAll
 from backfill.sim import SimServer
 
 LIMIT = 1000
@@ -33,7 +33,7 @@ def make_app(seen: list[str]) -> FastAPI:
         return {"ok": True}
 
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, limit_for=lambda method, path: LIMIT)
+    app.add_middleware(BodyLimit, rule_for=lambda method, path: BodyRule(LIMIT))
     return app
 
 
