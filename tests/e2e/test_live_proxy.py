@@ -258,3 +258,109 @@ async def test_request_id_round_trip(live: Stack) -> None:
     assert live.sim.app.stats_dict()["priorities_seen"].keys() <= {"0"}
     assert live.sim.app.stats_dict()["batch"]["requests_total"] == 0
     assert API_KEY not in {s.authorization for s in live.sim.app.seen}
+
+
+# ---- isolation from Temporal -------------------------------------------------------------------
+
+
+async def live_requests_flow(stack: Stack, n: int = 8, each_within: float = 2.0) -> list[float]:
+    """n live chat completions in a row, each answered in time; their latencies."""
+    oa = stack.client()
+    latencies = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        chat = await oa.chat.completions.create(model="demo", messages=MSG)  # type: ignore[arg-type]
+        latencies.append(time.monotonic() - t0)
+        assert chat.choices[0].message.content
+    assert max(latencies) < each_within, latencies
+    return latencies
+
+
+async def assert_batches_unavailable(stack: Stack, batch_id: str, within: float) -> float:
+    """GET the batch: a 503 `temporal_unavailable` envelope within `within` s; the time taken."""
+    async with httpx.AsyncClient(base_url=stack.api_url, headers=auth(), timeout=60) as http:
+        t0 = time.monotonic()
+        resp = await http.get(f"/v1/batches/{batch_id}")
+        took = time.monotonic() - t0
+    assert_error(resp, 503, code="temporal_unavailable", type_="server_error")
+    assert took < within, f"503 after {took:.1f}s"
+    return took
+
+
+async def health(stack: Stack) -> dict[str, str]:
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as http:
+        resp = await http.get("/healthz")
+    assert resp.status_code == 200
+    return resp.json()  # type: ignore[no-any-return]
+
+
+async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
+    import signal
+
+    from backfill.dev.devserver import DevServer
+    from backfill.dev.procs import free_port
+    from tests.e2e.stack import submit, wait_terminal
+
+    server = DevServer(tmp_path / "temporal", port=free_port(), ui_port=None)
+    server.start()
+    stack = Stack(tmp_path, server.address, sim=SimConfig(model_names=[], latency_ms=5))
+    try:
+        await server.wait_ready_async(timeout=60)
+        async with stack.running():
+            oa = stack.client()
+            before = await submit(stack, 5, prefix="before")
+            assert (await wait_terminal(oa, before, within=120)).status == "completed"
+            baseline = await live_requests_flow(stack)
+
+            # Temporal frozen (slow: connections open, no answers).
+            server.send_signal(signal.SIGSTOP)
+            try:
+                frozen = await live_requests_flow(stack)
+                frozen_503 = await assert_batches_unavailable(stack, before, within=12)
+                doc = await health(stack)
+                assert doc["status"] == "degraded" and doc["temporal"] == "unavailable", doc
+                assert doc["live_proxy"] == "ok"
+            finally:
+                server.send_signal(signal.SIGCONT)
+            await stack.wait_healthy()
+
+            # Temporal stopped.
+            await asyncio.to_thread(server.stop)
+            stopped = await live_requests_flow(stack)
+            stopped_503 = await assert_batches_unavailable(stack, before, within=10)
+            doc = await health(stack)
+            assert doc["status"] == "degraded" and doc["temporal"] == "unavailable", doc
+            # Files do not need Temporal; creating a batch does.
+            f = await oa.files.create(file=("x.jsonl", b"{}\n"), purpose="batch")
+            with pytest.raises(openai.InternalServerError) as create:
+                await oa.batches.create(
+                    input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+                )
+            assert create.value.status_code == 503
+            assert create.value.code == "temporal_unavailable"
+
+            # An api (re)started while Temporal is down comes up and serves live traffic.
+            await asyncio.to_thread(stack.api.stop)
+            stack.api.start(stack.api.argv, stack.env(), stack.tmp / "api.log")
+            await stack.wait_healthy(temporal=False)
+            assert (await health(stack))["status"] == "degraded"
+            restarted = await live_requests_flow(stack)
+            await assert_batches_unavailable(stack, before, within=2)
+
+            # Temporal back on the same db file and port: batches work again.
+            server.start()
+            await server.wait_ready_async(timeout=60)
+            await stack.wait_healthy(within=30)
+            assert (await oa.batches.retrieve(before)).status == "completed"
+            after = await submit(stack, 5, prefix="after")
+            assert (await wait_terminal(oa, after, within=120)).status == "completed"
+            for name, values in [
+                ("baseline", baseline),
+                ("frozen", frozen),
+                ("stopped", stopped),
+                ("api restarted", restarted),
+            ]:
+                print(f"live latency {name}: max {max(values) * 1000:.0f} ms")
+            print(f"503 after {frozen_503:.2f} s (frozen), {stopped_503:.2f} s (stopped)")
+    finally:
+        await asyncio.to_thread(server.stop)
