@@ -1,4 +1,7 @@
-"""The FastAPI app: OpenAI Files and Batches APIs, health and metrics."""
+"""The FastAPI app: OpenAI Files and Batches APIs, the live proxy, health and metrics.
+
+Nothing here waits for Temporal: the client connects in the background (`TemporalLink`), so the
+api starts, and the live proxy serves, while Temporal is down."""
 
 from __future__ import annotations
 
@@ -9,31 +12,57 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import admin, batches, errors, files, health
+from api import admin, batches, errors, files, health, proxy
+from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
+from api.request_id import RequestIdMiddleware
+from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
 
+UPSTREAM_LIMITS = httpx.Limits(
+    max_connections=1024, max_keepalive_connections=128, keepalive_expiry=2.0
+)
+"""One pool for every upstream; idle connections are dropped after 2 s, before the model
+server's own keep-alive (uvicorn's and vLLM's 5 s) can close one under a new request."""
+
 
 def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
-    """Build the app; it connects to Temporal in its lifespan unless a client is given."""
+    """Build the app; it connects to Temporal in the background unless a client is given."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.store = FileStore(settings.data_dir)
-        app.state.client = client or await connect(settings)
-        async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as http:
-            app.state.http = http
-            yield
+        app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
+        if client is not None:
+            link = TemporalLink.connected(client)
+        else:
+            link = TemporalLink(
+                lambda: connect(settings, interceptors=[BoundedRPCs()], retry_config=RETRY)
+            )
+        app.state.temporal = link
+        link.start()
+        try:
+            async with httpx.AsyncClient(
+                trust_env=False, follow_redirects=False, limits=UPSTREAM_LIMITS
+            ) as http:
+                app.state.http = http
+                yield
+        finally:
+            await link.stop()
 
     app = FastAPI(title="backfill", lifespan=lifespan)
     errors.install(app)
+    # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
+    # any route, key check or parsing runs, then unexpected errors become 500 envelopes.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, rule_for=body_rules(settings))  # outermost: before all
+    app.add_middleware(BodyLimit, rule_for=body_rules(settings))
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(proxy.router)
     app.include_router(health.router)
     app.include_router(admin.router)
     return app

@@ -35,7 +35,8 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_client(request: Request) -> Client:
-    return request.app.state.client  # type: ignore[no-any-return]
+    """The Temporal client, or 503 `temporal_unavailable` while the api is not connected."""
+    return request.app.state.temporal.client()  # type: ignore[no-any-return]
 
 
 def get_store(request: Request) -> FileStore:

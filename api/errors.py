@@ -12,6 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from temporalio.client import RPCTimeoutOrCancelledError
+from temporalio.service import RPCError, RPCStatusCode
 
 from api.schemas import ErrorDetail, ErrorResponse
 
@@ -92,6 +94,25 @@ def invalid_request(error: Mapping[str, Any]) -> InvalidRequest:
     return InvalidRequest(f"Invalid value for '{where}': {error.get('msg')}.", param=param)
 
 
+class TemporalUnavailable(Unavailable):
+    """Temporal cannot be reached now (not connected yet, stopped, or too slow): 503."""
+
+    def __init__(self, detail: str = "") -> None:
+        message = "The batch service is temporarily unavailable (Temporal is not answering)."
+        super().__init__(f"{message} {detail}".strip(), code="temporal_unavailable")
+
+
+TEMPORAL_TRANSIENT = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,  # what the SDK raises when an RPC's own deadline expires
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+"""RPC errors that mean "Temporal is not answering now" (503), not "this request is wrong"."""
+
+
 def _response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
 
@@ -112,6 +133,18 @@ def install(app: FastAPI) -> None:
         err = cls(str(exc.detail))
         err.status = exc.status_code
         return _response(err)
+
+    @app.exception_handler(RPCError)
+    async def _temporal_rpc(request: Request, exc: RPCError) -> JSONResponse:
+        if exc.status not in TEMPORAL_TRANSIENT:
+            return await _unexpected(request, exc)
+        log.warning("Temporal unavailable on %s %s: %s", request.method, request.url.path, exc)
+        return _response(TemporalUnavailable())
+
+    @app.exception_handler(RPCTimeoutOrCancelledError)
+    async def _temporal_timeout(request: Request, exc: RPCTimeoutOrCancelledError) -> JSONResponse:
+        log.warning("Temporal timed out on %s %s: %s", request.method, request.url.path, exc)
+        return _response(TemporalUnavailable())
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -1,24 +1,41 @@
-"""`GET /healthz` (200 once Temporal answers) and `GET /metrics` (Prometheus)."""
+"""`GET /healthz` (which part is degraded) and `GET /metrics` (Prometheus).
+
+`/healthz` answers 200 as long as the process serves: the live proxy does not need Temporal, so
+an orchestrator must not take a process out of rotation (or restart it) because Temporal is
+down. The body says what works: `{"status": "ok" | "degraded", "live_proxy": "ok",
+"temporal": "ok" | "unavailable", "temporal_error": ...}`; monitor `status`."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from typing import Literal
 
-from api.deps import ClientDep
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from api.temporal_link import TemporalLink
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-async def healthz(client: ClientDep) -> JSONResponse:
-    try:
-        await client.workflow_service.get_system_info(GetSystemInfoRequest(), timeout=None)
-    except Exception as err:
-        return JSONResponse({"status": "unavailable", "temporal": str(err)[:200]}, status_code=503)
-    return JSONResponse({"status": "ok"})
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    """`degraded`: the process serves, but a part it depends on is unavailable."""
+    live_proxy: Literal["ok"] = "ok"
+    """The live proxy depends only on this process and the model servers."""
+    temporal: Literal["ok", "unavailable"]
+    """Batch endpoints answer 503 `temporal_unavailable` while this is `unavailable`."""
+    temporal_error: str | None = None
+
+
+@router.get("/healthz", response_model=Health, response_model_exclude_none=True)
+async def healthz(request: Request) -> Health:
+    link: TemporalLink = request.app.state.temporal
+    error = await link.check()
+    if error is None:
+        return Health(status="ok", temporal="ok")
+    return Health(status="degraded", temporal="unavailable", temporal_error=error)
 
 
 @router.get("/metrics")

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from temporalio.client import Client, TLSConfig
+from collections.abc import Sequence
+
+from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RetryConfig
 
 from backfill.config import Settings
 
 
-async def connect(settings: Settings, *, metrics_bind: str | None = None) -> Client:
+async def connect(
+    settings: Settings,
+    *,
+    metrics_bind: str | None = None,
+    interceptors: Sequence[Interceptor] = (),
+    retry_config: RetryConfig | None = None,
+) -> Client:
     """Connect with the pydantic data converter, TLS and API key as configured.
 
-    `metrics_bind` ("127.0.0.1:9464") exposes the SDK's own Prometheus metrics."""
+    `metrics_bind` ("127.0.0.1:9464") exposes the SDK's own Prometheus metrics; the api passes
+    `interceptors` and `retry_config` that bound its calls (`api.temporal_link`)."""
     tls: TLSConfig | bool = settings.temporal_tls
     if settings.temporal_tls_cert and settings.temporal_tls_key:
         tls = TLSConfig(
@@ -31,4 +41,6 @@ async def connect(settings: Settings, *, metrics_bind: str | None = None) -> Cli
         tls=tls,
         data_converter=pydantic_data_converter,
         runtime=runtime,
+        interceptors=interceptors,
+        retry_config=retry_config,
     )

@@ -76,8 +76,10 @@ def _healthz_ok(url: str) -> bool:
     import httpx
 
     try:
-        return httpx.get(url, timeout=1.0, trust_env=False).status_code == 200
-    except httpx.HTTPError:
+        resp = httpx.get(url, timeout=3.0, trust_env=False)
+        # 200 "degraded" means the api serves but is not connected to Temporal yet.
+        return resp.status_code == 200 and resp.json().get("status") == "ok"
+    except (httpx.HTTPError, ValueError):
         return False
 
 

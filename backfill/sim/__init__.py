@@ -8,6 +8,7 @@ from backfill.sim.faults import FaultAction, FaultInjector, SimFault
 from backfill.sim.server import (
     BATCH_HEADER,
     Scheduler,
+    SeenRequest,
     SimApp,
     SimConfig,
     SimServer,
@@ -21,6 +22,7 @@ __all__ = [
     "FaultAction",
     "FaultInjector",
     "Scheduler",
+    "SeenRequest",
     "SimApp",
     "SimConfig",
     "SimFault",

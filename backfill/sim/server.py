@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -87,6 +87,7 @@ class SimConfig(BaseModel):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     embedding_dim: int = Field(default=16, ge=1, le=8192)
+    stream_token_delay_ms: float = Field(default=0.0, ge=0)  # pause before each streamed event
     faults: list[SimFault] = Field(default_factory=list)
 
     @property
@@ -158,6 +159,18 @@ class _Traffic:
             "concurrent": self.concurrent,
             "peak_concurrent": self.peak_concurrent,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SeenRequest:
+    """What the simulator saw of one inference request (test hook: `SimApp.seen`)."""
+
+    path: str
+    request_id: str | None
+    batch: str | None
+    authorization: str | None
+    has_priority: bool
+    """Whether the body carried a `priority` field at all."""
 
 
 @dataclass
@@ -365,6 +378,7 @@ class SimApp:
         self.config = config
         self.scheduler = Scheduler(config.max_num_seqs, config.scheduling_policy == "priority")
         self.stats = SimStats()
+        self.seen: deque[SeenRequest] = deque(maxlen=1024)  # the latest requests, oldest first
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self._models = frozenset(config.model_names)
         self._created = int(time.time())
@@ -428,6 +442,7 @@ class SimApp:
             req = _parse(path, await _read_body(receive))
         except _BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
+        self._see(path, headers, req)
         if self._models and req.model not in self._models:
             msg = f"The model `{req.model}` does not exist."
             return await _send_json(send, 404, _error_body(404, msg, "model"), hdrs)
@@ -445,9 +460,24 @@ class SimApp:
             if not await _until_disconnect(sched.acquire(req.priority), receive, sched.release):
                 return _ABORTED
         try:
-            return await self._respond(req, hdrs, send)
+            return await self._respond(req, hdrs, receive, send)
         finally:
             sched.release()
+
+    def _see(self, path: str, headers: dict[bytes, bytes], req: _Req) -> None:
+        def text(name: bytes) -> str | None:
+            value = headers.get(name)
+            return None if value is None else value.decode("latin-1")
+
+        self.seen.append(
+            SeenRequest(
+                path=path,
+                request_id=text(b"x-request-id"),
+                batch=text(_BATCH_KEY),
+                authorization=text(b"authorization"),
+                has_priority="priority" in req.raw,
+            )
+        )
 
     async def _fail(
         self, action: FaultAction, hdrs: list[Header], receive: Receive, send: Send
@@ -487,7 +517,7 @@ class SimApp:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_wait_disconnect(receive), 2.0)
 
-    async def _respond(self, req: _Req, hdrs: list[Header], send: Send) -> int:
+    async def _respond(self, req: _Req, hdrs: list[Header], receive: Receive, send: Send) -> int:
         st, n = self.stats, req.n
         prompt_tokens = max(1, sum(len(t.split()) for t in req.texts))
         st.prompt_tokens += prompt_tokens
@@ -512,7 +542,7 @@ class SimApp:
             "model": req.model,
         }
         if req.stream:
-            return await self._stream(req, head, replies, usage, hdrs, send)
+            return await self._stream(req, head, replies, usage, hdrs, receive, send)
         choices = []
         for i, (words, reason) in enumerate(r for r in replies for _ in range(n)):
             text = " ".join(words)
@@ -541,6 +571,7 @@ class SimApp:
         replies: list[tuple[list[str], str]],
         usage: dict[str, int],
         hdrs: list[Header],
+        receive: Receive,
         send: Send,
     ) -> int:
         chat = req.kind == _CHAT
@@ -568,7 +599,10 @@ class SimApp:
             if req.include_usage:
                 yield {**head, "choices": [], "usage": usage}
 
+        delay = self.config.stream_token_delay_ms / 1000.0
         for event in events():
+            if delay > 0 and not await _until_disconnect(asyncio.sleep(delay), receive):
+                return _ABORTED  # the client left mid-stream: stop generating, like vLLM
             data = b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
@@ -744,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--latency-per-running-ms", type=float, default=0.0)
+    p.add_argument("--stream-token-delay-ms", type=float, default=0.0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="info")
@@ -755,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_per_running_ms=args.latency_per_running_ms,
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
+        stream_token_delay_ms=args.stream_token_delay_ms,
     )
     cfg = uvicorn.Config(
         create_app(config),

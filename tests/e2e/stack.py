@@ -40,7 +40,9 @@ class Stack:
         limits: dict[str, Any] | None = None,
         reconcile_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        upstream_key: str | None = None,
     ) -> None:
+        """`upstream_key`: the routes' credential (through `api_key_env`), else none."""
         self.tmp = tmp
         self.temporal_address = temporal_address
         self.cap = cap
@@ -52,7 +54,12 @@ class Stack:
         self.api_port = free_port()
         self.limits = limits or {}
         self.reconcile_seconds = reconcile_seconds
-        self.extra_env = extra_env or {}
+        self.extra_env = dict(extra_env or {})
+        self.upstream_key_env = (
+            f"BACKFILL_TEST_UPSTREAM_KEY_{self.suffix}" if upstream_key else None
+        )
+        if upstream_key and self.upstream_key_env:
+            self.extra_env[self.upstream_key_env] = upstream_key
         self.workers: list[Child] = []
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
@@ -83,6 +90,8 @@ class Stack:
                 f'base_url = "{self.sim.base_url}"',
                 f"max_concurrent_lines = {self.cap}",
             ]
+            if self.upstream_key_env:
+                lines.append(f'api_key_env = "{self.upstream_key_env}"')
         for key, (ws, role) in KEYS.items():
             lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"', f'workspace = "{ws}"']
             lines += [f'role = "{role}"', f'name = "{ws}-key"']
@@ -111,14 +120,16 @@ class Stack:
         self.workers.append(child)
         return child
 
-    async def wait_healthy(self, within: float = 60) -> None:
+    async def wait_healthy(self, within: float = 60, *, temporal: bool = True) -> None:
+        """Until /healthz answers, and (unless `temporal` is False) says Temporal is connected."""
         deadline = time.monotonic() + within
         async with httpx.AsyncClient() as http:
             while time.monotonic() < deadline:
                 if not self.api.running:
                     raise RuntimeError(f"api exited: {self._log('api')}")
                 try:
-                    if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
+                    resp = await http.get(f"{self.api_url}/healthz")
+                    if resp.status_code == 200 and (not temporal or resp.json()["status"] == "ok"):
                         return
                 except httpx.HTTPError:
                     pass

@@ -434,7 +434,11 @@ async def test_invalid_inputs_fail_the_batch_and_send_nothing(stack: Stack) -> N
 
 async def test_healthz_and_metrics(http: httpx.AsyncClient) -> None:
     resp = await http.get("/healthz")
-    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    assert resp.status_code == 200 and resp.json() == {
+        "status": "ok",
+        "live_proxy": "ok",
+        "temporal": "ok",
+    }
     resp = await http.get("/metrics")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")

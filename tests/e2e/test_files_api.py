@@ -441,7 +441,11 @@ async def test_201_mib_upload_is_refused_while_streaming_and_leaves_nothing(
         files={"file": ("after.jsonl", jsonl(1))},
     )
     assert ok.status_code == 200, ok.text
-    assert (await http.get("/healthz")).json() == {"status": "ok"}
+    assert (await http.get("/healthz")).json() == {
+        "status": "ok",
+        "live_proxy": "ok",
+        "temporal": "ok",
+    }
 
 
 # ---- auth and isolation ------------------------------------------------------------------------
@@ -520,7 +524,11 @@ async def test_unknown_route_and_wrong_method_use_the_envelope(http: httpx.Async
 
 async def test_healthz_and_metrics(http: httpx.AsyncClient) -> None:
     resp = await http.get("/healthz")
-    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    assert resp.status_code == 200 and resp.json() == {
+        "status": "ok",
+        "live_proxy": "ok",
+        "temporal": "ok",
+    }
     resp = await http.get("/metrics")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")

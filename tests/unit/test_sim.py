@@ -483,3 +483,38 @@ async def test_main_serves_until_sigterm() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_stream_token_delay_paces_events_and_stops_on_disconnect() -> None:
+    async with SimServer(SimConfig(stream_token_delay_ms=40)) as sim:
+        async with httpx.AsyncClient(base_url=sim.url) as c:
+            loop = asyncio.get_running_loop()
+            arrivals: list[float] = []
+            body = chat_body(stream=True)
+            async with c.stream("POST", CHAT, json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        arrivals.append(loop.time())
+            # role + 4 words + finish + [DONE]: each event but [DONE] waits 40 ms.
+            assert len(arrivals) == 7
+            assert arrivals[-2] - arrivals[0] >= 4 * 0.04 * 0.9
+            # A client that leaves mid-stream frees the running slot at once.
+            long = chat_body(stream=True, messages=[{"role": "user", "content": "w " * 20}])
+            async with c.stream("POST", CHAT, json=long) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        break
+            await wait_stats(c, lambda s: s["running"] == 0 and s["aborted"] == 1)
+
+
+async def test_seen_requests_record_headers_and_priority(
+    sim: SimServer, client: httpx.AsyncClient
+) -> None:
+    headers = {"X-Request-ID": "rid-1", BATCH_HEADER: "batch_1", "Authorization": "Bearer k"}
+    await client.post(CHAT, json=chat_body(priority=3), headers=headers)
+    await client.post(CHAT, json=chat_body())
+    first, second = list(sim.app.seen)[-2:]
+    assert (first.request_id, first.batch, first.authorization) == ("rid-1", "batch_1", "Bearer k")
+    assert first.has_priority and first.path == CHAT
+    assert (second.request_id, second.batch, second.authorization) == (None, None, None)
+    assert not second.has_priority

@@ -1,0 +1,70 @@
+"""Live requests in flight per route, in this api process.
+
+A live request counts on its route from the moment its route is known (right after its body is
+parsed, before anything goes upstream) until its last byte is sent, the client disconnects, or it
+fails. `LiveTraffic.in_flight` is the only way to count, so every exit path (error, cancellation,
+disconnect mid-stream) uncounts it. The counts are exported as the Prometheus gauge
+`gateway_live_in_flight{route}` and read by the code that reports them to the route schedulers
+(`snapshot()`, `subscribe()`; see docs/decisions/0008-live-traffic-reports.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import Gauge
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = Gauge(
+    "gateway_live_in_flight",
+    "Live requests in flight on the route in this api process.",
+    ["route"],
+)
+
+Listener = Callable[[str, int], None]
+"""Called with (route id, new count) after every change, on the event loop's thread."""
+
+
+class LiveTraffic:
+    """Per-route in-flight counts of this process's live requests. One per app."""
+
+    def __init__(self, routes: Iterable[str] = ()) -> None:
+        self._counts: dict[str, int] = {}
+        self._listeners: list[Listener] = []
+        for route in routes:
+            self._counts[route] = 0
+            IN_FLIGHT.labels(route)  # the series exists (at 0) before the first request
+
+    @contextlib.contextmanager
+    def in_flight(self, route: str) -> Iterator[None]:
+        """Count one live request on `route` for the body of the `with`, whatever ends it."""
+        self._change(route, +1)
+        try:
+            yield
+        finally:
+            self._change(route, -1)
+
+    def count(self, route: str) -> int:
+        return self._counts.get(route, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        """Every known route's current count (routes seen so far, zeros included)."""
+        return dict(self._counts)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` after every change; returns the function that unsubscribes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _change(self, route: str, delta: int) -> None:
+        count = self._counts.get(route, 0) + delta
+        self._counts[route] = count
+        IN_FLIGHT.labels(route).inc(delta)
+        for listener in list(self._listeners):
+            try:
+                listener(route, count)
+            except Exception:  # a reporter's bug must never break or leak the count
+                log.exception("live-traffic listener failed")

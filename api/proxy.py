@@ -1,0 +1,345 @@
+"""The live proxy: OpenAI's inference endpoints, forwarded to the model's routes.
+
+`POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` go to the route the model's
+routing policy picks (`backfill.routing.choose_route`, the routes batches use), with the route's
+own credential (`api_key_env`), never the client's gateway key. The request body is forwarded as
+sent: nothing is added (no `priority`), and no client header but `Accept` goes upstream (so never
+`X-Backfill-Batch`). The response is relayed as it arrives, byte for byte, so SSE streams
+token by token. Each request is counted in flight on its route (`api.live_traffic`) until its
+last byte is sent, the client disconnects, or it fails. Nothing here touches Temporal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Annotated, Any, Literal
+
+import anyio
+import httpx
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from api.deps import IdentityDep, SettingsDep, get_http
+from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
+from api.live_traffic import LiveTraffic
+from api.request_id import request_id
+from api.schemas import COMMON_ERRORS, ErrorResponse
+from backfill.config import ModelConfig, RouteConfig, Settings
+from backfill.routing import choose_route
+
+router = APIRouter(prefix="/v1", tags=["live"], responses=COMMON_ERRORS)
+log = logging.getLogger(__name__)
+
+LIVE_ROUTING_KEY = "live"
+"""Stands in for the batch id when a live request's route is chosen (by its request id)."""
+ERROR_BODY_LIMIT = 64 * 1024
+"""An upstream error body larger than this is not passed through (only its start is quoted)."""
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"server",
+        b"date",
+        b"x-request-id",
+    }
+)
+"""Upstream response headers not relayed (the api's server sets its own `server`/`date`;
+`x-request-id` is the api's, set by `RequestIdMiddleware`)."""
+
+
+def get_live(request: Request) -> LiveTraffic:
+    return request.app.state.live  # type: ignore[no-any-return]
+
+
+LiveDep = Annotated[LiveTraffic, Depends(get_live)]
+HttpDep = Annotated[httpx.AsyncClient, Depends(get_http)]
+
+
+class ModelObject(BaseModel):
+    """One model clients may name in `model` (OpenAI's Model object)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "backfill"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+_LIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The upstream's answer, relayed as it arrives: JSON, or SSE when the "
+        "request set `stream`.",
+        "content": {
+            "application/json": {"schema": {"type": "object", "additionalProperties": True}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    },
+    404: {"model": ErrorResponse, "description": "Unknown model (`model_not_found`)."},
+    413: {"model": ErrorResponse, "description": "Request body over the size limit."},
+    502: {"model": ErrorResponse, "description": "The upstream could not be reached."},
+    504: {"model": ErrorResponse, "description": "The upstream sent no answer in time."},
+}
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(settings: SettingsDep, identity: IdentityDep) -> ModelList:
+    return ModelList(data=[ModelObject(id=m.id) for m in settings.models])
+
+
+@router.get(
+    "/models/{model_id:path}", response_model=ModelObject, responses={404: {"model": ErrorResponse}}
+)
+async def retrieve_model(
+    model_id: str, settings: SettingsDep, identity: IdentityDep
+) -> ModelObject:
+    return ModelObject(id=_model_or_404(settings, model_id).id)
+
+
+@router.post("/chat/completions", response_model=None, responses=_LIVE_RESPONSES)
+async def chat_completions(
+    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+) -> Response:
+    return await _forward(request, "/chat/completions", settings, http, live)
+
+
+@router.post("/completions", response_model=None, responses=_LIVE_RESPONSES)
+async def completions(
+    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+) -> Response:
+    return await _forward(request, "/completions", settings, http, live)
+
+
+@router.post("/embeddings", response_model=None, responses=_LIVE_RESPONSES)
+async def embeddings(
+    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+) -> Response:
+    return await _forward(request, "/embeddings", settings, http, live)
+
+
+async def _forward(
+    request: Request, path: str, settings: Settings, http: httpx.AsyncClient, live: LiveTraffic
+) -> Response:
+    rid = request_id(request)
+    body = await _read_body(request, settings.limits.max_line_bytes)
+    model = _model_or_404(settings, _model_name(body))
+    route = choose_route(model, LIVE_ROUTING_KEY, rid)
+    upstream = http.build_request(
+        "POST",
+        route.base_url.rstrip("/") + path,
+        content=body,
+        headers=_upstream_headers(request, route, rid),
+        timeout=httpx.Timeout(settings.limits.line_timeout_seconds, connect=5.0, pool=5.0),
+    )
+    return UpstreamResponse(http, upstream, live, route.id)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused as soon as it is known to be over `limit` bytes."""
+    too_large = PayloadTooLarge(
+        f"The request body is larger than the {limit}-byte limit.", code="request_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def _model_name(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError as err:
+        raise InvalidRequest(f"The request body is not valid JSON: {err}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    model = parsed.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model")
+    return model
+
+
+def _model_or_404(settings: Settings, name: str) -> ModelConfig:
+    model = settings.model(name)
+    if model is None:
+        raise NotFound(
+            f"The model `{name}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return model
+
+
+def _upstream_headers(request: Request, route: RouteConfig, rid: str) -> dict[str, str]:
+    headers = {
+        "content-type": "application/json",
+        "accept": request.headers.get("accept", "application/json"),
+        "accept-encoding": "identity",  # relayed byte for byte: no compression to undo
+        "x-request-id": rid,
+    }
+    if route.api_key_env:
+        key = os.environ.get(route.api_key_env)
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+    return headers
+
+
+class UpstreamResponse(Response):
+    """Sends `upstream` and relays its answer; counted in flight on `route` meanwhile.
+
+    The whole exchange runs inside this ASGI call, under one `LiveTraffic.in_flight`, so the
+    count ends however it does: last byte sent, client gone (watched on `receive`, which also
+    closes the upstream request), upstream failure, or cancellation."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, upstream: httpx.Request, live: LiveTraffic, route: str
+    ) -> None:
+        super().__init__()
+        self.http, self.upstream, self.live, self.route = http, upstream, live, route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.live.in_flight(self.route):
+            async with anyio.create_task_group() as tasks:
+
+                async def until_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(until_disconnect)
+                try:
+                    await self._relay(send)
+                finally:
+                    tasks.cancel_scope.cancel()
+
+    async def _relay(self, send: Send) -> None:
+        try:
+            resp = await self.http.send(self.upstream, stream=True)
+        except httpx.PoolTimeout as err:
+            await _send_error(send, _gateway_error(503, "is busy", err, "gateway_busy"))
+            return
+        except httpx.TimeoutException as err:
+            await _send_error(
+                send, _gateway_error(504, "did not answer in time", err, "upstream_timeout")
+            )
+            return
+        except httpx.HTTPError as err:
+            await _send_error(
+                send, _gateway_error(502, "could not be reached", err, "upstream_unavailable")
+            )
+            return
+        try:
+            if resp.status_code >= 400:
+                await self._relay_error(resp, send)
+                return
+            headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP_BY_HOP]
+            await send(
+                {"type": "http.response.start", "status": resp.status_code, "headers": headers}
+            )
+            try:
+                async for chunk in resp.aiter_raw():
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as err:
+                # Too late for a status: end without completing, so the client sees the break.
+                log.warning("upstream %s broke off mid-response: %s", self.route, err)
+                return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await resp.aclose()
+
+    async def _relay_error(self, resp: httpx.Response, send: Send) -> None:
+        """An upstream error status: its body if it is OpenAI's envelope, else wrapped in one."""
+        body = bytearray()
+        try:
+            async for chunk in resp.aiter_bytes():
+                body += chunk
+                if len(body) > ERROR_BODY_LIMIT:
+                    break
+        except httpx.HTTPError as err:
+            log.warning("upstream %s error body unreadable: %s", self.route, err)
+        extra = [(b"retry-after", v.encode()) for v in resp.headers.get_list("retry-after")]
+        status = resp.status_code
+        if len(body) <= ERROR_BODY_LIMIT and _is_envelope(bytes(body)):
+            await _send_json(send, status, bytes(body), extra)
+        else:
+            await _send_json(send, status, _wrap(status, bytes(body)), extra)
+
+
+def _is_envelope(body: bytes) -> bool:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    err = parsed.get("error") if isinstance(parsed, dict) else None
+    return isinstance(err, dict) and isinstance(err.get("message"), str)
+
+
+def _wrap(status: int, body: bytes) -> bytes:
+    """OpenAI's envelope around an upstream error body that is not one (vLLM's older flat
+    `{"object": "error", "message", ...}` keeps its fields; anything else is quoted)."""
+    try:
+        parsed: Any = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+        param, code = parsed.get("param"), parsed.get("code")
+        detail = {
+            "message": parsed["message"],
+            "type": str(parsed.get("type") or _error_type(status)),
+            "param": param if isinstance(param, str) else None,
+            "code": code if isinstance(code, str | int) else None,
+        }
+    else:
+        text = body[:500].decode("utf-8", errors="replace").strip()
+        detail = {
+            "message": f"The model server answered {status}" + (f": {text}" if text else "."),
+            "type": _error_type(status),
+            "param": None,
+            "code": "upstream_error",
+        }
+    return json.dumps({"error": detail}).encode()
+
+
+def _error_type(status: int) -> str:
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def _gateway_error(status: int, what: str, err: Exception, code: str) -> APIError:
+    log.warning("live request: the model server %s: %r", what, err)
+    error = APIError(f"The model server {what} ({type(err).__name__}).", code=code)
+    error.status, error.type = status, "server_error"
+    return error
+
+
+async def _send_error(send: Send, err: APIError) -> None:
+    await _send_json(send, err.status, json.dumps(err.body()).encode())
+
+
+async def _send_json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

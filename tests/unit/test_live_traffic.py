@@ -1,0 +1,67 @@
+"""The per-route in-flight counter: every way out of a request uncounts it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import REGISTRY
+
+from api.live_traffic import LiveTraffic
+
+
+def gauge(route: str) -> float | None:
+    return REGISTRY.get_sample_value("gateway_live_in_flight", {"route": route})
+
+
+def test_counts_and_snapshot_and_gauge() -> None:
+    live = LiveTraffic(["ut-a", "ut-b"])
+    assert live.snapshot() == {"ut-a": 0, "ut-b": 0} and gauge("ut-b") == 0
+    with live.in_flight("ut-a"), live.in_flight("ut-a"):
+        assert live.count("ut-a") == 2 and gauge("ut-a") == 2
+        with live.in_flight("ut-b"):
+            assert live.snapshot() == {"ut-a": 2, "ut-b": 1}
+    assert live.snapshot() == {"ut-a": 0, "ut-b": 0} and gauge("ut-a") == 0
+
+
+def test_errors_release_the_count() -> None:
+    live = LiveTraffic(["ut-c"])
+    with pytest.raises(RuntimeError), live.in_flight("ut-c"):
+        raise RuntimeError("upstream broke")
+    assert live.count("ut-c") == 0
+
+
+async def test_cancellation_releases_the_count() -> None:
+    live = LiveTraffic(["ut-d"])
+    started = asyncio.Event()
+
+    async def request() -> None:
+        with live.in_flight("ut-d"):
+            started.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(request())
+    await started.wait()
+    assert live.count("ut-d") == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert live.count("ut-d") == 0
+
+
+def test_listeners_see_each_change_and_cannot_break_counting() -> None:
+    live = LiveTraffic(["ut-e"])
+    seen: list[tuple[str, int]] = []
+
+    def broken(route: str, count: int) -> None:
+        raise ValueError("reporter bug")
+
+    live.subscribe(broken)
+    unsubscribe = live.subscribe(lambda r, c: seen.append((r, c)))
+    with live.in_flight("ut-e"):
+        pass
+    unsubscribe()
+    with live.in_flight("ut-e"):
+        pass
+    assert seen == [("ut-e", 1), ("ut-e", 0)]
+    assert live.count("ut-e") == 0
