@@ -24,6 +24,19 @@ class FinalizeActivities:
             return await asyncio.to_thread(self._finalize, input)
 
     def _finalize(self, input: FinalizeInput) -> FinalizeOutput:
+        """Assemble once; a rerun (the activity retried after a crash) answers what the first
+        run published. Then drop what only a running batch needed: its pinned input, line
+        index and per-line results (retention)."""
+        done = self.store.read_finalized(input.batch_id)
+        if done is None:
+            out = self._assemble(input)
+            self.store.write_finalized(input.batch_id, out.model_dump_json().encode())
+        else:
+            out = FinalizeOutput.model_validate_json(done)
+        self.store.drop_batch_work(input.batch_id)
+        return out
+
+    def _assemble(self, input: FinalizeInput) -> FinalizeOutput:
         """Lines that never ran get `batch_expired` / `batch_cancelled` records."""
         end_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(input.reason)
         out = FinalizeOutput()
@@ -77,6 +90,7 @@ class FinalizeActivities:
             workspace=input.workspace,
             filename=f"{input.batch_id}_{kind}.jsonl",
             purpose="batch_output",
+            expires_after=input.output_expires_after_seconds,
         ).id
 
 

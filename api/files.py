@@ -56,17 +56,50 @@ async def upload_file(
             )
         if upload is None:
             raise InvalidRequest("Missing required parameter: 'file'.", param="file")
+        expires_after = expiry_seconds(parsed.fields, "expires_after")
         obj = await asyncio.to_thread(
             upload.finish,
             workspace=identity.workspace,
             filename=parsed.filename,
             purpose=purpose,
             now=int(time.time()),
+            expires_after=expires_after or settings.limits.input_file_expiry_seconds,
         )
     finally:
         if upload is not None:
             await asyncio.to_thread(upload.abort)
     return FileObject.of(obj)
+
+
+MIN_EXPIRY_SECONDS = 3600
+MAX_EXPIRY_SECONDS = 30 * 86400
+
+
+def expiry_seconds(fields: dict[str, str], name: str) -> int | None:
+    """OpenAI's `expires_after` ({"anchor": "created_at", "seconds": 3600..2592000}) sent as
+    form fields `<name>[anchor]` and `<name>[seconds]`; None when absent."""
+    anchor = fields.get(f"{name}[anchor]")
+    seconds = fields.get(f"{name}[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    return check_expiry(anchor, seconds, name)
+
+
+def check_expiry(anchor: object, seconds: object, name: str) -> int:
+    """Validate an expiry policy; the seconds it grants."""
+    if anchor != "created_at":
+        raise InvalidRequest(f"{name}.anchor must be 'created_at'.", param=f"{name}.anchor")
+    try:
+        value = int(str(seconds))
+    except ValueError:
+        value = -1
+    if isinstance(seconds, bool) or not MIN_EXPIRY_SECONDS <= value <= MAX_EXPIRY_SECONDS:
+        raise InvalidRequest(
+            f"{name}.seconds must be an integer between {MIN_EXPIRY_SECONDS} and "
+            f"{MAX_EXPIRY_SECONDS}.",
+            param=f"{name}.seconds",
+        )
+    return value
 
 
 @router.get("", response_model=FileList)

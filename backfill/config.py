@@ -69,6 +69,10 @@ class Limits(_Strict):
     """Largest body of any other request to the api (creating a batch, route settings),
     refused with 413 before it is parsed or the key is checked. Live requests may be as large
     as a batch line (`max_line_bytes`) when that is larger."""
+    input_file_expiry_seconds: int = Field(default=30 * 86400, ge=3600)
+    """How long an uploaded batch input is kept when the upload names no `expires_after`
+    (OpenAI's default: 30 days). Batch outputs are kept until deleted unless the batch was
+    created with `output_expires_after`."""
     max_lines_per_batch: int = Field(default=50_000, ge=1)
     max_line_bytes: int = Field(default=1024 * 1024, ge=16)
     """Largest accepted input line, in bytes, without its newline."""
@@ -136,6 +140,10 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_SCHEDULER_RECONCILE_SECONDS",
     )
     """How often a route's scheduler checks that the batches holding its slots still run."""
+    cleanup_interval_seconds: int = Field(
+        default=3600, ge=0, validation_alias="BACKFILL_CLEANUP_INTERVAL_SECONDS"
+    )
+    """How often the retention Schedule deletes expired files (0: workers do not create it)."""
     limits: Limits = Field(default_factory=Limits)
     models: list[ModelConfig] = Field(default_factory=list)
     api_keys: list[ApiKeyConfig] = Field(default_factory=list)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from array import array
@@ -91,6 +92,7 @@ class FileStore:
         size: int,
         now: int,
         file_id: str | None = None,
+        expires_at: int | None = None,
     ) -> FileObject:
         """Publish a finished temp file (in this store's directory) as a file object.
 
@@ -102,6 +104,7 @@ class FileStore:
             filename=filename,
             purpose=purpose,
             workspace=workspace,
+            expires_at=expires_at,
         )
         os.chmod(data_path, FILE_MODE)
         os.replace(data_path, self._data_path(obj.id))
@@ -125,6 +128,12 @@ class FileStore:
             if workspace is None or obj.workspace == workspace:
                 out.append(obj)
         return out
+
+    def expired_files(self, now: int) -> list[FileObject]:
+        """Files whose `expires_at` has passed."""
+        return [
+            f for f in self.list_files(None) if f.expires_at is not None and f.expires_at <= now
+        ]
 
     def content_path(self, file_id: str) -> Path:
         return self._data_path(file_id)
@@ -209,6 +218,34 @@ class FileStore:
                 f.seek(off)
                 yield i, f.read(ln)
 
+    # ---- batches: the end --------------------------------------------------------------------
+    def read_finalized(self, batch_id: str) -> bytes | None:
+        """What finalizing recorded when it published the batch's files (None: not yet)."""
+        try:
+            return (self._batch_dir(batch_id) / "finalized.json").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_finalized(self, batch_id: str, summary: bytes) -> None:
+        d = self._batch_dir(batch_id)
+        _mkdir(d)
+        _atomic_write(d / "finalized.json", summary)
+
+    def drop_batch_work(self, batch_id: str) -> None:
+        """Remove what only a running batch needs (its pinned input, line index and per-line
+        results), keeping the `finalized` record. Safe to repeat."""
+        d = self._batch_dir(batch_id)
+        if not d.exists():
+            return
+        for entry in d.iterdir():
+            if entry.name == "finalized.json":
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        _fsync_dir(d)
+
     # ---- batches: per-line results --------------------------------------------------------------
     def _result_path(self, batch_id: str, line_no: int) -> Path:
         return self._batch_dir(batch_id) / "results" / f"{line_no // 1000:05d}" / f"{line_no}.json"
@@ -260,18 +297,22 @@ class Upload:
         purpose: str,
         now: int | None = None,
         file_id: str | None = None,
+        expires_after: int | None = None,
     ) -> FileObject:
+        """Publish the upload; it expires `expires_after` seconds after `now` (None: never)."""
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
+        now = int(time.time()) if now is None else now
         return self.store.write_file(
             workspace=workspace,
             filename=filename,
             purpose=purpose,
             data_path=self.path,
             size=self.size,
-            now=int(time.time()) if now is None else now,
+            now=now,
             file_id=file_id,
+            expires_at=None if expires_after is None else now + expires_after,
         )
 
     def abort(self) -> None:

@@ -17,11 +17,14 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.lines import LineActivities
+from activities.retention import RetentionActivities
 from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from worker.retention import ensure_schedule
 from workflows.batch import BatchWorkflow
+from workflows.retention import RetentionWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ def activities(
         FinalizeActivities(store).finalize_batch,
         control.report_demand,
         control.find_closed_batches,
+        RetentionActivities(store).delete_expired_files,
     ]
 
 
@@ -58,7 +62,7 @@ async def running_worker(
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
-            workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+            workflows=[BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow],
             activities=activities(settings, store, http, client),
             max_concurrent_activities=settings.worker_max_concurrent_activities,
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
@@ -73,6 +77,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    await ensure_schedule(client, settings)
     async with running_worker(client, settings):
         log.info(
             "worker polling task queue %r at %s", settings.task_queue, settings.temporal_address

@@ -88,6 +88,17 @@ class FinalizeInput(BaseModel):
     workspace: str
     input_file_id: str
     reason: EndReason
+    output_expires_after_seconds: int | None = None
+    """The batch's `output_expires_after`: its output and error files expire this long after
+    they are created (None: kept until deleted)."""
+
+
+class CleanupInput(BaseModel):
+    """One pass of the retention cleanup (the schedule's workflow)."""
+
+
+class CleanupOutput(BaseModel):
+    deleted_files: int = 0
 
 
 class FinalizeOutput(BaseModel):

@@ -77,6 +77,8 @@ class Stack:
             "BACKFILL_DATA_DIR": str(self.tmp / "data"),
             "BACKFILL_LOG_LEVEL": "WARNING",
             "BACKFILL_SCHEDULER_RECONCILE_SECONDS": str(self.reconcile_seconds),
+            # No retention Schedule per test stack on the shared server (test_retention's own).
+            "BACKFILL_CLEANUP_INTERVAL_SECONDS": "0",
             **self.extra_env,
         }
 

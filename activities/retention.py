@@ -1,0 +1,35 @@
+"""The retention activity: delete files whose `expires_at` has passed.
+
+A batch's own working data (pinned input, line index, per-line results) is dropped by
+finalizing; an input file expiring under a running batch takes nothing from it, because the
+batch reads its pinned copy (a hard link)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from temporalio import activity
+
+from backfill.store import FileStore
+from workflows.messages import CleanupInput, CleanupOutput
+
+log = logging.getLogger(__name__)
+
+
+class RetentionActivities:
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+
+    @activity.defn
+    async def delete_expired_files(self, input: CleanupInput) -> CleanupOutput:
+        return await asyncio.to_thread(self._delete_expired, int(time.time()))
+
+    def _delete_expired(self, now: int) -> CleanupOutput:
+        out = CleanupOutput()
+        for f in self.store.expired_files(now):
+            if self.store.delete_file(f.id):
+                out.deleted_files += 1
+                log.info("deleted expired file %s (workspace %s)", f.id, f.workspace)
+        return out

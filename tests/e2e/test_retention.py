@@ -1,0 +1,79 @@
+"""Retention on the real stack: inputs expire after 30 days unless the upload says otherwise
+(OpenAI's `expires_after`), the Temporal Schedule's cleanup deletes expired files, and a
+finished batch keeps only its output files (its pinned input and per-line results are gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from backfill.store import FileStore
+from tests.conftest import TemporalServer
+from tests.e2e.stack import Stack, jsonl, output_ids, wait_terminal
+from worker.retention import schedule_id
+
+
+async def test_inputs_expire_after_30_days_or_as_the_upload_asks(stack: Stack) -> None:
+    client = stack.client()
+    f = await client.files.create(file=("a.jsonl", jsonl(1)), purpose="batch")
+    assert f.expires_at == f.created_at + 30 * 86400
+    g = await client.files.create(
+        file=("b.jsonl", jsonl(1)),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    assert g.expires_at == g.created_at + 7200
+    assert (await client.files.retrieve(g.id)).expires_at == g.expires_at
+    for bad in (
+        {"anchor": "created_at", "seconds": 10},
+        {"anchor": "last_active_at", "seconds": 7200},
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.files.create(
+                file=("c.jsonl", jsonl(1)), purpose="batch", expires_after=bad
+            )  # type: ignore[arg-type]
+        assert err.value.body["param"].startswith("expires_after.")  # type: ignore[index]
+
+
+async def test_the_schedule_deletes_expired_files_and_a_finished_batch_keeps_only_its_outputs(
+    tmp_path: Path, dev_server: TemporalServer
+) -> None:
+    stack = Stack(
+        tmp_path, dev_server.address, extra_env={"BACKFILL_CLEANUP_INTERVAL_SECONDS": "3600"}
+    )
+    async with stack.running():
+        client = stack.client()
+        f = await client.files.create(file=("in.jsonl", jsonl(5)), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await wait_terminal(client, batch.id, within=120)
+        assert done.status == "completed"
+        ids, _ = await output_ids(client, done)
+        assert sorted(ids) == sorted(f"req-{i}" for i in range(5))
+        work = tmp_path / "data" / "batches" / batch.id
+        assert sorted(p.name for p in work.iterdir()) == ["finalized.json"]
+
+        # The input expires (made due here rather than waiting 30 days); the output does not.
+        store = FileStore(tmp_path / "data")
+        meta = store.get_file(f.id)
+        assert meta is not None
+        due = meta.model_copy(update={"expires_at": int(time.time()) - 1})
+        (tmp_path / "data" / "files" / f"{f.id}.json").write_text(due.model_dump_json())
+
+        temporal = await dev_server.client()
+        handle = temporal.get_schedule_handle(schedule_id(stack.task_queue))
+        await handle.trigger()
+        deadline = time.monotonic() + 60
+        while store.get_file(f.id) is not None:
+            assert time.monotonic() < deadline, "the expired input was never deleted"
+            await asyncio.sleep(0.2)
+        with pytest.raises(openai.NotFoundError):
+            await client.files.retrieve(f.id)
+        assert done.output_file_id is not None
+        assert (await client.files.retrieve(done.output_file_id)).expires_at is None
+        await handle.delete()
