@@ -10,20 +10,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.control import start_scheduler
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, InvalidRequest, NotFound
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from workflows.scheduler import (
-    RouteSchedulerWorkflow,
-    RouteSettings,
-    SchedulerInput,
-    SchedulerStatus,
-)
+from workflows.messages import RouteSettings, SchedulerStatus
+from workflows.refs import RouteSchedulerWorkflow
 
 router = APIRouter(prefix="/api/v1/platform", tags=["admin"])
 
@@ -39,22 +34,6 @@ def _require_admin(identity: Identity, *, write: bool) -> None:
     allowed = ("platform_admin",) if write else ("platform_admin", "auditor")
     if identity.role not in allowed:
         raise Forbidden("This needs a platform admin key.", code="insufficient_role")
-
-
-async def _scheduler(
-    client: Client, settings: Settings, route_id: str, initial: RouteSettings
-) -> WorkflowHandle[RouteSchedulerWorkflow, None]:
-    return await client.start_workflow(
-        RouteSchedulerWorkflow.run,
-        SchedulerInput(
-            route_id=route_id,
-            settings=initial,
-            reconcile_seconds=settings.scheduler_reconcile_seconds,
-        ),
-        id=scheduler_workflow_id(route_id),
-        task_queue=settings.task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
 
 
 def _document(route_id: str, status: SchedulerStatus) -> dict[str, Any]:
@@ -108,13 +87,13 @@ async def put_batch_scheduling(
     identity: IdentityDep,
 ) -> dict[str, Any]:
     _require_admin(identity, write=True)
-    initial = _route_or_404(settings, route_id)
+    _route_or_404(settings, route_id)
     try:
         new = RouteSettings.model_validate(body)
     except ValidationError as err:
         first = err.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise InvalidRequest(f"{param}: {first['msg']}", param=param) from None
-    handle = await _scheduler(client, settings, route_id, initial)
+    handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
     return _document(route_id, await handle.query(RouteSchedulerWorkflow.status))

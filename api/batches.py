@@ -25,8 +25,8 @@ from backfill.batches import (
     BatchStatus,
 )
 from backfill.ids import new_batch_id
-from workflows.batch import BatchInput, BatchWorkflow
-from workflows.messages import PauseRequest
+from workflows.messages import BatchInput, PauseRequest
+from workflows.refs import BatchWorkflow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 log = logging.getLogger(__name__)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
@@ -21,19 +20,21 @@ with workflow.unsafe.imports_passed_through():
     from activities.validation import ValidationActivities
     from backfill import search_attributes as sa
     from backfill.batches import (
-        COMPLETION_WINDOWS,
-        BackfillExtension,
         Batch,
         BatchErrors,
         RequestCounts,
         RouteProgress,
         Usage,
     )
+    from workflows import refs
     from workflows.alarm import Alarm
     from workflows.lanes import Lane, Tries, demand_to_report
+    from workflows.lifecycle import initial_batch
     from workflows.messages import (
         Ack,
         Allotment,
+        BatchInput,
+        BatchState,
         DemandInput,
         EndReason,
         FinalizeInput,
@@ -42,7 +43,6 @@ with workflow.unsafe.imports_passed_through():
         PauseRequest,
         ValidateInput,
     )
-    from workflows.scheduler import RouteSchedulerWorkflow
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 LINE_HEARTBEAT = timedelta(seconds=10)
@@ -50,26 +50,6 @@ MAX_LOST_ATTEMPTS = 5
 KEEPALIVE_SECONDS = 3600.0
 LINES_PER_RUN = 2_000
 """Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
-
-
-class BatchInput(BaseModel):
-    batch_id: str
-    workspace: str
-    input_file_id: str
-    endpoint: str
-    completion_window: str
-    created_at: int
-    metadata: dict[str, str] | None = None
-    allowed_models: list[str] | None = None
-    line_timeout_seconds: float = 600.0
-    max_line_retries: int = 5
-    state: BatchState | None = None
-    """Carried across continue-as-new; None on the first run."""
-
-
-class BatchState(BaseModel):
-    batch: Batch
-    lanes: list[Lane] = Field(default_factory=list)
 
 
 @workflow.defn
@@ -141,18 +121,7 @@ class BatchWorkflow:
     @staticmethod
     def initial_batch(input: BatchInput) -> Batch:
         """The Batch object as created, before validation (also what the api answers)."""
-        hours = COMPLETION_WINDOWS[input.completion_window]
-        return Batch(
-            id=input.batch_id,
-            endpoint=input.endpoint,
-            input_file_id=input.input_file_id,
-            completion_window=input.completion_window,
-            status="validating",
-            created_at=input.created_at,
-            expires_at=input.created_at + hours * 3600,
-            metadata=input.metadata,
-            backfill=BackfillExtension(workspace=input.workspace),
-        )
+        return initial_batch(input)
 
     async def _validate(self, input: BatchInput) -> None:
         out = await workflow.execute_activity_method(
@@ -323,11 +292,11 @@ class BatchWorkflow:
 
     async def _signal_ack(self, lane: Lane, epoch: int) -> None:
         handle = workflow.get_external_workflow_handle_for(
-            RouteSchedulerWorkflow.run, lane.scheduler_id
+            refs.RouteSchedulerWorkflow.run, lane.scheduler_id
         )
         try:
             await handle.signal(
-                RouteSchedulerWorkflow.ack,
+                refs.RouteSchedulerWorkflow.ack,
                 Ack(batch_id=self._b.id, epoch=epoch, running=lane.running),
             )
         except Exception as err:  # the scheduler is gone; re-registering brings it back
