@@ -7,11 +7,13 @@ Orchestration only: the per-route bookkeeping (what may start, what to tell the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
@@ -50,6 +52,12 @@ MAX_LOST_ATTEMPTS = 5
 KEEPALIVE_SECONDS = 3600.0
 LINES_PER_RUN = 2_000
 """Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
+CANCEL_REQUEST_KEEPS_RESULTS = "cancel-request-keeps-results"
+"""Patch: a workflow cancellation request that lands while the main task awaits an activity or a
+signal cancels the batch like the `cancel` signal. Runs from before it closed as cancelled,
+without files, and must replay so (docs/decisions/0008)."""
+
+T = TypeVar("T")
 
 
 @workflow.defn
@@ -70,13 +78,14 @@ class BatchWorkflow:
         if input.state is None:
             await self._validate(input)
             if self._b.status == "failed":
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._wait(workflow.all_handlers_finished)
                 return self._b
         expires_at = self._b.expires_at or 0
         while True:
             # Cleared before any await: a signal that lands while we report demand wakes the
             # next wait at once instead of being lost.
             self._dirty = False
+            self._check_cancel_request()
             self._check_expiry(expires_at)
             ending = self._b.status in ("cancelling",) or self._expired
             running = sum(lane.running for lane in self._lanes)
@@ -84,7 +93,7 @@ class BatchWorkflow:
                 break
             if self._draining and running == 0:
                 await self._report_demands()
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._wait(workflow.all_handlers_finished)
                 workflow.continue_as_new(input.model_copy(update={"state": self._s}))
             if not ending and not self._b.backfill.paused and not self._draining:
                 self._start_lines()
@@ -100,6 +109,47 @@ class BatchWorkflow:
                 self.cancel()
         await self._finish()
         return self._b
+
+    # ---- cancellation requests (the Temporal UI's Cancel, `temporal workflow cancel`) ----
+    async def _through(self, operation: asyncio.Future[T]) -> T:
+        """The result of an activity the main task awaits, even if a workflow cancellation
+        request lands meanwhile: the batch is cancelled like the `cancel` signal and the activity
+        runs to its end (its result matters: the line index, the demand, the files)."""
+        while True:
+            try:
+                return await asyncio.shield(operation)
+            except asyncio.CancelledError:
+                if not self._keep_going_after_cancel_request():
+                    operation.cancel()  # what a run from before the patch did
+                    return await operation
+
+    async def _wait(self, condition: Callable[[], bool]) -> None:
+        """`workflow.wait_condition`, through cancellation requests (see `_through`)."""
+        while True:
+            try:
+                await workflow.wait_condition(condition)
+                return
+            except asyncio.CancelledError:
+                if not self._keep_going_after_cancel_request():
+                    raise
+
+    def _keep_going_after_cancel_request(self) -> bool:
+        if not workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS):
+            return False
+        workflow.logger.info("workflow cancellation requested: cancelling the batch")
+        self.cancel()
+        return True
+
+    def _check_cancel_request(self) -> None:
+        """A request can land while the main task awaits a signal to another workflow: the SDK
+        then lets the signal complete and the request shows only here."""
+        if (
+            workflow.cancellation_reason() is not None
+            and self._b.status in ("validating", "in_progress")
+            and workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS)
+        ):
+            workflow.logger.info("workflow cancellation requested: cancelling the batch")
+            self.cancel()
 
     def _wake(self) -> None:
         self._dirty = True
@@ -124,17 +174,19 @@ class BatchWorkflow:
         return initial_batch(input)
 
     async def _validate(self, input: BatchInput) -> None:
-        out = await workflow.execute_activity_method(
-            ValidationActivities.validate_input,
-            ValidateInput(
-                batch_id=input.batch_id,
-                input_file_id=input.input_file_id,
-                endpoint=input.endpoint,
-                allowed_models=input.allowed_models,
-            ),
-            start_to_close_timeout=timedelta(minutes=30),
-            heartbeat_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_attempts=3),
+        out = await self._through(
+            workflow.start_activity_method(
+                ValidationActivities.validate_input,
+                ValidateInput(
+                    batch_id=input.batch_id,
+                    input_file_id=input.input_file_id,
+                    endpoint=input.endpoint,
+                    allowed_models=input.allowed_models,
+                ),
+                start_to_close_timeout=timedelta(minutes=30),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
         )
         now = _now()
         if out.errors:  # rejected input fails the batch, even if a cancel came meanwhile
@@ -229,6 +281,16 @@ class BatchWorkflow:
                 retry_policy=NO_RETRY,
             )
         except ActivityError as err:
+            if (
+                is_cancelled_exception(err)
+                and workflow.cancellation_reason() is not None
+                and workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS)
+            ):
+                # Cancelled with the workflow: not lost, and not run again. The finalizer reads
+                # the store, so the line is completed if it committed a record, else cancelled.
+                workflow.logger.info("line %s/%s cancelled", lane.route_id, position)
+                self.cancel()
+                return
             # The worker running it died (heartbeat timeout) or the activity crashed: the line
             # goes back to the front of the queue; the result store commits it at most once.
             workflow.logger.warning("line %s/%s lost: %s", lane.route_id, position, err.cause)
@@ -277,17 +339,19 @@ class BatchWorkflow:
             lane.reported = wanted
             lane.reported_at = workflow.now().timestamp()
             lane.allotment = min(lane.allotment, wanted)
-            await workflow.execute_activity_method(
-                ControlActivities.report_demand,
-                DemandInput(
-                    route_id=lane.route_id,
-                    batch_id=self._b.id,
-                    workspace=self._input.workspace,
-                    wanted=wanted,
-                    epoch=lane.epoch,
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            await self._through(
+                workflow.start_activity_method(
+                    ControlActivities.report_demand,
+                    DemandInput(
+                        route_id=lane.route_id,
+                        batch_id=self._b.id,
+                        workspace=self._input.workspace,
+                        wanted=wanted,
+                        epoch=lane.epoch,
+                    ),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+                )
             )
 
     async def _signal_ack(self, lane: Lane, epoch: int) -> None:
@@ -361,6 +425,7 @@ class BatchWorkflow:
     async def _finish(self) -> None:
         assert self._input is not None
         await self._report_demands()  # leave every scheduler (wanted 0)
+        self._check_cancel_request()
         reason: EndReason
         if self._b.status == "cancelling":
             reason = "cancelled"
@@ -371,17 +436,19 @@ class BatchWorkflow:
             self._b.status = "finalizing"
             self._b.finalizing_at = _now()
             self._set_status_attribute()
-        out = await workflow.execute_activity_method(
-            FinalizeActivities.finalize_batch,
-            FinalizeInput(
-                batch_id=self._b.id,
-                workspace=self._input.workspace,
-                input_file_id=self._b.input_file_id,
-                reason=reason,
-            ),
-            start_to_close_timeout=timedelta(hours=1),
-            heartbeat_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_attempts=5),
+        out = await self._through(
+            workflow.start_activity_method(
+                FinalizeActivities.finalize_batch,
+                FinalizeInput(
+                    batch_id=self._b.id,
+                    workspace=self._input.workspace,
+                    input_file_id=self._b.input_file_id,
+                    reason=reason,
+                ),
+                start_to_close_timeout=timedelta(hours=1),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=5),
+            )
         )
         b = self._b
         b.output_file_id = out.output_file_id
@@ -404,7 +471,7 @@ class BatchWorkflow:
             p.reason, p.running_lines, p.allotment = None, 0, 0
             p.state = "done"
         self._set_status_attribute()
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._wait(workflow.all_handlers_finished)
 
     @property
     def _indexed(self) -> bool:
