@@ -25,13 +25,22 @@ with workflow.unsafe.imports_passed_through():
         Batch,
         BatchErrors,
         RequestCounts,
-        RouteProgress,
         Usage,
     )
     from workflows import refs
     from workflows.alarm import Alarm
     from workflows.lanes import Lane, Tries, demand_to_report
-    from workflows.lifecycle import initial_batch
+    from workflows.lifecycle import (
+        check_expiry,
+        end_status,
+        initial_batch,
+        keepalive_due,
+        may_cancel,
+        next_wakeup,
+        show_done,
+        show_progress,
+        transition,
+    )
     from workflows.messages import (
         Ack,
         Allotment,
@@ -49,7 +58,6 @@ with workflow.unsafe.imports_passed_through():
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 LINE_HEARTBEAT = timedelta(seconds=10)
 MAX_LOST_ATTEMPTS = 5
-KEEPALIVE_SECONDS = 3600.0
 LINES_PER_RUN = 2_000
 """Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
 CANCEL_REQUEST_KEEPS_RESULTS = "cancel-request-keeps-results"
@@ -80,13 +88,12 @@ class BatchWorkflow:
             if self._b.status == "failed":
                 await self._wait(workflow.all_handlers_finished)
                 return self._b
-        expires_at = self._b.expires_at or 0
         while True:
             # Cleared before any await: a signal that lands while we report demand wakes the
             # next wait at once instead of being lost.
             self._dirty = False
             self._check_cancel_request()
-            self._check_expiry(expires_at)
+            check_expiry(self._b, self._lanes, _now())
             ending = self._b.status in ("cancelling",) or self._expired
             running = sum(lane.running for lane in self._lanes)
             if running == 0 and (ending or all(lane.done for lane in self._lanes)):
@@ -100,7 +107,7 @@ class BatchWorkflow:
             try:
                 await self._report_demands()
                 self._update_summary()
-                self._alarm.set(self._next_wakeup(expires_at))
+                self._alarm.set(self._next_wakeup())
                 await workflow.wait_condition(lambda: self._dirty)
             except asyncio.CancelledError:
                 # Cancelled from the Temporal UI or `temporal workflow cancel`: the same as the
@@ -145,7 +152,7 @@ class BatchWorkflow:
         then lets the signal complete and the request shows only here."""
         if (
             workflow.cancellation_reason() is not None
-            and self._b.status in ("validating", "in_progress")
+            and may_cancel(self._b)
             and workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS)
         ):
             workflow.logger.info("workflow cancellation requested: cancelling the batch")
@@ -191,8 +198,7 @@ class BatchWorkflow:
         now = _now()
         if out.errors:  # rejected input fails the batch, even if a cancel came meanwhile
             self._b.errors = BatchErrors(data=out.errors)
-            self._b.status = "failed"
-            self._b.failed_at = now
+            transition(self._b, "failed", now)
             self._set_status_attribute()
             return
         self._s.lanes = [  # type: ignore[union-attr]
@@ -205,41 +211,23 @@ class BatchWorkflow:
             for lane in self._lanes:
                 lane.stop()
             return
-        self._b.status = "in_progress"
-        self._b.in_progress_at = now
+        transition(self._b, "in_progress", now)
         if self._indexed:
             workflow.upsert_search_attributes([sa.MODELS.value_set(out.models)])
         self._set_status_attribute()
 
-    def _check_expiry(self, expires_at: int) -> None:
-        if self._expired or self._b.status == "cancelling":
-            return
-        if _now() >= expires_at:
-            self._b.expired_at = _now()
-            for lane in self._lanes:
-                lane.stop()
+    def _next_wakeup(self) -> float | None:
+        return next_wakeup(
+            self._lanes,
+            expires_at=self._b.expires_at or 0,
+            ending=self._ending,
+            quiet=self._quiet,
+        )
 
-    def _next_wakeup(self, expires_at: int) -> float | None:
-        """The earliest deadline: expiry, a route's backoff, or a demand keep-alive."""
-        candidates: list[float] = []
-        if not self._ending:
-            candidates.append(float(expires_at))
-        for lane in self._lanes:
-            if lane.backoff_until is not None:
-                candidates.append(lane.backoff_until)
-            keepalive = self._keepalive_due(lane)
-            if keepalive is not None:
-                candidates.append(keepalive)
-        return min(candidates) if candidates else None
-
-    def _keepalive_due(self, lane: Lane) -> float | None:
-        """When to re-send demand that got no allotment (a scheduler that was terminated or
-        reset comes back through signal-with-start)."""
-        if self._b.backfill.paused or self._ending or self._draining:
-            return None
-        if lane.pending_count() == 0 or lane.allotment > 0 or lane.reported_at is None:
-            return None
-        return lane.reported_at + KEEPALIVE_SECONDS
+    @property
+    def _quiet(self) -> bool:
+        """No demand worth keeping alive: paused, ending or draining."""
+        return self._b.backfill.paused or self._ending or self._draining
 
     # ---- lines ----
     def _start_lines(self) -> None:
@@ -331,7 +319,7 @@ class BatchWorkflow:
                 lane.unacked_epoch = None
                 await self._signal_ack(lane, epoch)
             wanted = demand_to_report(lane, halt=halt and not self._draining)
-            keepalive = self._keepalive_due(lane)
+            keepalive = keepalive_due(lane, quiet=self._quiet)
             if wanted is None and keepalive is not None and _now() >= keepalive:
                 wanted = lane.reported
             if wanted is None:
@@ -402,9 +390,8 @@ class BatchWorkflow:
     @workflow.signal
     def cancel(self) -> None:
         """Operators: `temporal workflow signal --workflow-id <batch id> --name cancel`."""
-        if self._b.status in ("validating", "in_progress"):
-            self._b.status = "cancelling"
-            self._b.cancelling_at = _now()
+        if may_cancel(self._b):
+            transition(self._b, "cancelling", _now())
             for lane in self._lanes:
                 lane.stop()
             self._set_status_attribute()
@@ -433,8 +420,7 @@ class BatchWorkflow:
             reason = "expired"
         else:
             reason = "completed"
-            self._b.status = "finalizing"
-            self._b.finalizing_at = _now()
+            transition(self._b, "finalizing", _now())
             self._set_status_attribute()
         out = await self._through(
             workflow.start_activity_method(
@@ -458,18 +444,9 @@ class BatchWorkflow:
         )
         b.usage = Usage()
         b.usage.add(out.usage)
-        now = _now()
-        if reason == "cancelled":
-            b.status, b.cancelled_at = "cancelled", now
-        elif reason == "expired":
-            b.status = "expired"
-        else:
-            b.status, b.completed_at = "completed", now
+        transition(b, end_status(reason), _now())
         self._update_summary()
-        b.backfill.summary = None
-        for p in b.backfill.routes:
-            p.reason, p.running_lines, p.allotment = None, 0, 0
-            p.state = "done"
+        show_done(b)
         self._set_status_attribute()
         await self._wait(workflow.all_handlers_finished)
 
@@ -484,27 +461,7 @@ class BatchWorkflow:
             workflow.upsert_search_attributes([sa.STATUS.value_set(self._b.status)])
 
     def _update_summary(self) -> None:
-        ext = self._b.backfill
-        ext.routes = [
-            RouteProgress(
-                model=lane.model,
-                route=lane.route_id,
-                state=lane.state(paused=ext.paused),
-                running_lines=lane.running,
-                allotment=lane.allotment,
-                total_lines=lane.total,
-                finished_lines=lane.finished,
-            )
-            for lane in self._lanes
-        ]
-        held_back = any(lane.pending_count() > 0 for lane in self._lanes)
-        running = sum(lane.running for lane in self._lanes)
-        if ext.paused:
-            ext.summary = "Paused"
-        elif held_back and running == 0 and not self._ending:
-            ext.summary = "Queued — waiting for capacity"
-        else:
-            ext.summary = None
+        show_progress(self._b, self._lanes, ending=self._ending)
 
 
 def _now() -> int:
