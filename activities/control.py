@@ -1,17 +1,25 @@
 """Activities that talk to Temporal itself: register demand with a route's scheduler
 (signal-with-start, so the scheduler starts lazily) and find batches that closed while holding
-slots (reconciliation)."""
+slots (reconciliation). `start_scheduler` is also the api's way to reach a route's scheduler."""
 
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from workflows.messages import ClosedBatchesInput, ClosedBatchesOutput, Demand, DemandInput
+from workflows import refs
+from workflows.messages import (
+    ClosedBatchesInput,
+    ClosedBatchesOutput,
+    Demand,
+    DemandInput,
+    RouteSettings,
+    SchedulerInput,
+)
 
 
 class ControlActivities:
@@ -39,29 +47,33 @@ class ControlActivities:
         return ClosedBatchesOutput(closed=closed)
 
 
-async def signal_demand(client: Client, settings: Settings, input: DemandInput) -> None:
-    """Signal-with-start the route's scheduler with a batch's demand."""
-    from workflows.scheduler import RouteSchedulerWorkflow, RouteSettings, SchedulerInput
-
-    route = settings.route(input.route_id)
+async def start_scheduler(
+    client: Client, settings: Settings, route_id: str, demand: Demand | None = None
+) -> WorkflowHandle[refs.RouteSchedulerWorkflow, None]:
+    """The route's scheduler, started unless it runs (the configured settings are its initial
+    ones); with `demand`, signalled in the same call (signal-with-start)."""
+    route = settings.route(route_id)
     initial = RouteSettings(max_concurrent_lines=route.max_concurrent_lines if route else 2)
-    await client.start_workflow(
-        RouteSchedulerWorkflow.run,
+    return await client.start_workflow(
+        refs.RouteSchedulerWorkflow.run,
         SchedulerInput(
-            route_id=input.route_id,
+            route_id=route_id,
             settings=initial,
             reconcile_seconds=settings.scheduler_reconcile_seconds,
         ),
-        id=scheduler_workflow_id(input.route_id),
+        id=scheduler_workflow_id(route_id),
         task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="demand",
-        start_signal_args=[
-            Demand(
-                batch_id=input.batch_id,
-                workspace=input.workspace,
-                wanted=input.wanted,
-                epoch=input.epoch,
-            )
-        ],
+        start_signal=None
+        if demand is None
+        else refs.signal_name(refs.RouteSchedulerWorkflow.demand),
+        start_signal_args=[] if demand is None else [demand],
     )
+
+
+async def signal_demand(client: Client, settings: Settings, input: DemandInput) -> None:
+    """Signal-with-start the route's scheduler with a batch's demand."""
+    demand = Demand(
+        batch_id=input.batch_id, workspace=input.workspace, wanted=input.wanted, epoch=input.epoch
+    )
+    await start_scheduler(client, settings, input.route_id, demand)

@@ -7,10 +7,9 @@ the scheduler's `set_settings` update, so it takes effect at once without restar
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.control import start_scheduler
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, NotFound
 from api.schemas import (
@@ -23,12 +22,8 @@ from api.schemas import (
 )
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from workflows.scheduler import (
-    RouteSchedulerWorkflow,
-    RouteSettings,
-    SchedulerInput,
-    SchedulerStatus,
-)
+from workflows.messages import RouteSettings, SchedulerStatus
+from workflows.refs import RouteSchedulerWorkflow
 
 router = APIRouter(
     prefix="/api/v1/platform", tags=["admin"], responses=COMMON_ERRORS | error_responses(403, 404)
@@ -51,22 +46,6 @@ def _require_admin(identity: Identity, *, write: bool) -> None:
 def _admin_writer(identity: IdentityDep) -> None:
     """A dependency, so the role is checked before the body."""
     _require_admin(identity, write=True)
-
-
-async def _scheduler(
-    client: Client, settings: Settings, route_id: str, initial: RouteSettings
-) -> WorkflowHandle[RouteSchedulerWorkflow, None]:
-    return await client.start_workflow(
-        RouteSchedulerWorkflow.run,
-        SchedulerInput(
-            route_id=route_id,
-            settings=initial,
-            reconcile_seconds=settings.scheduler_reconcile_seconds,
-        ),
-        id=scheduler_workflow_id(route_id),
-        task_queue=settings.task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
 
 
 def _document(route_id: str, status: SchedulerStatus) -> BatchScheduling:
@@ -119,7 +98,7 @@ async def get_batch_scheduling(
 async def put_batch_scheduling(
     route_id: str, new: RouteSettings, settings: SettingsDep, client: ClientDep
 ) -> BatchScheduling:
-    initial = _route_or_404(settings, route_id)
-    handle = await _scheduler(client, settings, route_id, initial)
+    _route_or_404(settings, route_id)
+    handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
     return _document(route_id, await handle.query(RouteSchedulerWorkflow.status))

@@ -19,8 +19,8 @@ from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.ids import new_batch_id
-from workflows.batch import BatchInput, BatchWorkflow
-from workflows.messages import PauseRequest
+from workflows.messages import BatchInput, PauseRequest
+from workflows.refs import BatchWorkflow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ parsed, before anything goes upstream) until its last byte is sent, the client d
 fails. `LiveTraffic.in_flight` is the only way to count, so every exit path (error, cancellation,
 disconnect mid-stream) uncounts it. The counts are exported as the Prometheus gauge
 `gateway_live_in_flight{route}` and read by the code that reports them to the route schedulers
-(`snapshot()`, `subscribe()`; see docs/decisions/0008-live-traffic-reports.md).
+(`snapshot()`, `subscribe()`; see docs/decisions/0009-live-traffic-reports.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from temporalio.client import Client, WorkflowExecutionDescription
 
 from backfill.batches import Batch, RouteProgress
 from backfill.ids import scheduler_workflow_id
-from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.refs import RouteSchedulerWorkflow
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,13 @@ Orchestration only: the per-route bookkeeping (what may start, what to tell the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
@@ -21,19 +22,30 @@ with workflow.unsafe.imports_passed_through():
     from activities.validation import ValidationActivities
     from backfill import search_attributes as sa
     from backfill.batches import (
-        COMPLETION_WINDOWS,
-        BackfillExtension,
         Batch,
         BatchErrors,
         RequestCounts,
-        RouteProgress,
         Usage,
     )
+    from workflows import refs
     from workflows.alarm import Alarm
     from workflows.lanes import Lane, Tries, demand_to_report
+    from workflows.lifecycle import (
+        check_expiry,
+        end_status,
+        initial_batch,
+        keepalive_due,
+        may_cancel,
+        next_wakeup,
+        show_done,
+        show_progress,
+        transition,
+    )
     from workflows.messages import (
         Ack,
         Allotment,
+        BatchInput,
+        BatchState,
         DemandInput,
         EndReason,
         FinalizeInput,
@@ -42,34 +54,18 @@ with workflow.unsafe.imports_passed_through():
         PauseRequest,
         ValidateInput,
     )
-    from workflows.scheduler import RouteSchedulerWorkflow
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 LINE_HEARTBEAT = timedelta(seconds=10)
 MAX_LOST_ATTEMPTS = 5
-KEEPALIVE_SECONDS = 3600.0
 LINES_PER_RUN = 2_000
 """Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
+CANCEL_REQUEST_KEEPS_RESULTS = "cancel-request-keeps-results"
+"""Patch: a workflow cancellation request that lands while the main task awaits an activity or a
+signal cancels the batch like the `cancel` signal. Runs from before it closed as cancelled,
+without files, and must replay so (docs/decisions/0008)."""
 
-
-class BatchInput(BaseModel):
-    batch_id: str
-    workspace: str
-    input_file_id: str
-    endpoint: str
-    completion_window: str
-    created_at: int
-    metadata: dict[str, str] | None = None
-    allowed_models: list[str] | None = None
-    line_timeout_seconds: float = 600.0
-    max_line_retries: int = 5
-    state: BatchState | None = None
-    """Carried across continue-as-new; None on the first run."""
-
-
-class BatchState(BaseModel):
-    batch: Batch
-    lanes: list[Lane] = Field(default_factory=list)
+T = TypeVar("T")
 
 
 @workflow.defn
@@ -90,28 +86,28 @@ class BatchWorkflow:
         if input.state is None:
             await self._validate(input)
             if self._b.status == "failed":
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._wait(workflow.all_handlers_finished)
                 return self._b
-        expires_at = self._b.expires_at or 0
         while True:
             # Cleared before any await: a signal that lands while we report demand wakes the
             # next wait at once instead of being lost.
             self._dirty = False
-            self._check_expiry(expires_at)
+            self._check_cancel_request()
+            check_expiry(self._b, self._lanes, _now())
             ending = self._b.status in ("cancelling",) or self._expired
             running = sum(lane.running for lane in self._lanes)
             if running == 0 and (ending or all(lane.done for lane in self._lanes)):
                 break
             if self._draining and running == 0:
                 await self._report_demands()
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._wait(workflow.all_handlers_finished)
                 workflow.continue_as_new(input.model_copy(update={"state": self._s}))
             if not ending and not self._b.backfill.paused and not self._draining:
                 self._start_lines()
             try:
                 await self._report_demands()
                 self._update_summary()
-                self._alarm.set(self._next_wakeup(expires_at))
+                self._alarm.set(self._next_wakeup())
                 await workflow.wait_condition(lambda: self._dirty)
             except asyncio.CancelledError:
                 # Cancelled from the Temporal UI or `temporal workflow cancel`: the same as the
@@ -120,6 +116,47 @@ class BatchWorkflow:
                 self.cancel()
         await self._finish()
         return self._b
+
+    # ---- cancellation requests (the Temporal UI's Cancel, `temporal workflow cancel`) ----
+    async def _through(self, operation: asyncio.Future[T]) -> T:
+        """The result of an activity the main task awaits, even if a workflow cancellation
+        request lands meanwhile: the batch is cancelled like the `cancel` signal and the activity
+        runs to its end (its result matters: the line index, the demand, the files)."""
+        while True:
+            try:
+                return await asyncio.shield(operation)
+            except asyncio.CancelledError:
+                if not self._keep_going_after_cancel_request():
+                    operation.cancel()  # what a run from before the patch did
+                    return await operation
+
+    async def _wait(self, condition: Callable[[], bool]) -> None:
+        """`workflow.wait_condition`, through cancellation requests (see `_through`)."""
+        while True:
+            try:
+                await workflow.wait_condition(condition)
+                return
+            except asyncio.CancelledError:
+                if not self._keep_going_after_cancel_request():
+                    raise
+
+    def _keep_going_after_cancel_request(self) -> bool:
+        if not workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS):
+            return False
+        workflow.logger.info("workflow cancellation requested: cancelling the batch")
+        self.cancel()
+        return True
+
+    def _check_cancel_request(self) -> None:
+        """A request can land while the main task awaits a signal to another workflow: the SDK
+        then lets the signal complete and the request shows only here."""
+        if (
+            workflow.cancellation_reason() is not None
+            and may_cancel(self._b)
+            and workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS)
+        ):
+            workflow.logger.info("workflow cancellation requested: cancelling the batch")
+            self.cancel()
 
     def _wake(self) -> None:
         self._dirty = True
@@ -141,37 +178,27 @@ class BatchWorkflow:
     @staticmethod
     def initial_batch(input: BatchInput) -> Batch:
         """The Batch object as created, before validation (also what the api answers)."""
-        hours = COMPLETION_WINDOWS[input.completion_window]
-        return Batch(
-            id=input.batch_id,
-            endpoint=input.endpoint,
-            input_file_id=input.input_file_id,
-            completion_window=input.completion_window,
-            status="validating",
-            created_at=input.created_at,
-            expires_at=input.created_at + hours * 3600,
-            metadata=input.metadata,
-            backfill=BackfillExtension(workspace=input.workspace),
-        )
+        return initial_batch(input)
 
     async def _validate(self, input: BatchInput) -> None:
-        out = await workflow.execute_activity_method(
-            ValidationActivities.validate_input,
-            ValidateInput(
-                batch_id=input.batch_id,
-                input_file_id=input.input_file_id,
-                endpoint=input.endpoint,
-                allowed_models=input.allowed_models,
-            ),
-            start_to_close_timeout=timedelta(minutes=30),
-            heartbeat_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_attempts=3),
+        out = await self._through(
+            workflow.start_activity_method(
+                ValidationActivities.validate_input,
+                ValidateInput(
+                    batch_id=input.batch_id,
+                    input_file_id=input.input_file_id,
+                    endpoint=input.endpoint,
+                    allowed_models=input.allowed_models,
+                ),
+                start_to_close_timeout=timedelta(minutes=30),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
         )
         now = _now()
         if out.errors:  # rejected input fails the batch, even if a cancel came meanwhile
             self._b.errors = BatchErrors(data=out.errors)
-            self._b.status = "failed"
-            self._b.failed_at = now
+            transition(self._b, "failed", now)
             self._set_status_attribute()
             return
         self._s.lanes = [  # type: ignore[union-attr]
@@ -184,41 +211,23 @@ class BatchWorkflow:
             for lane in self._lanes:
                 lane.stop()
             return
-        self._b.status = "in_progress"
-        self._b.in_progress_at = now
+        transition(self._b, "in_progress", now)
         if self._indexed:
             workflow.upsert_search_attributes([sa.MODELS.value_set(out.models)])
         self._set_status_attribute()
 
-    def _check_expiry(self, expires_at: int) -> None:
-        if self._expired or self._b.status == "cancelling":
-            return
-        if _now() >= expires_at:
-            self._b.expired_at = _now()
-            for lane in self._lanes:
-                lane.stop()
+    def _next_wakeup(self) -> float | None:
+        return next_wakeup(
+            self._lanes,
+            expires_at=self._b.expires_at or 0,
+            ending=self._ending,
+            quiet=self._quiet,
+        )
 
-    def _next_wakeup(self, expires_at: int) -> float | None:
-        """The earliest deadline: expiry, a route's backoff, or a demand keep-alive."""
-        candidates: list[float] = []
-        if not self._ending:
-            candidates.append(float(expires_at))
-        for lane in self._lanes:
-            if lane.backoff_until is not None:
-                candidates.append(lane.backoff_until)
-            keepalive = self._keepalive_due(lane)
-            if keepalive is not None:
-                candidates.append(keepalive)
-        return min(candidates) if candidates else None
-
-    def _keepalive_due(self, lane: Lane) -> float | None:
-        """When to re-send demand that got no allotment (a scheduler that was terminated or
-        reset comes back through signal-with-start)."""
-        if self._b.backfill.paused or self._ending or self._draining:
-            return None
-        if lane.pending_count() == 0 or lane.allotment > 0 or lane.reported_at is None:
-            return None
-        return lane.reported_at + KEEPALIVE_SECONDS
+    @property
+    def _quiet(self) -> bool:
+        """No demand worth keeping alive: paused, ending or draining."""
+        return self._b.backfill.paused or self._ending or self._draining
 
     # ---- lines ----
     def _start_lines(self) -> None:
@@ -260,6 +269,16 @@ class BatchWorkflow:
                 retry_policy=NO_RETRY,
             )
         except ActivityError as err:
+            if (
+                is_cancelled_exception(err)
+                and workflow.cancellation_reason() is not None
+                and workflow.patched(CANCEL_REQUEST_KEEPS_RESULTS)
+            ):
+                # Cancelled with the workflow: not lost, and not run again. The finalizer reads
+                # the store, so the line is completed if it committed a record, else cancelled.
+                workflow.logger.info("line %s/%s cancelled", lane.route_id, position)
+                self.cancel()
+                return
             # The worker running it died (heartbeat timeout) or the activity crashed: the line
             # goes back to the front of the queue; the result store commits it at most once.
             workflow.logger.warning("line %s/%s lost: %s", lane.route_id, position, err.cause)
@@ -300,7 +319,7 @@ class BatchWorkflow:
                 lane.unacked_epoch = None
                 await self._signal_ack(lane, epoch)
             wanted = demand_to_report(lane, halt=halt and not self._draining)
-            keepalive = self._keepalive_due(lane)
+            keepalive = keepalive_due(lane, quiet=self._quiet)
             if wanted is None and keepalive is not None and _now() >= keepalive:
                 wanted = lane.reported
             if wanted is None:
@@ -308,26 +327,28 @@ class BatchWorkflow:
             lane.reported = wanted
             lane.reported_at = workflow.now().timestamp()
             lane.allotment = min(lane.allotment, wanted)
-            await workflow.execute_activity_method(
-                ControlActivities.report_demand,
-                DemandInput(
-                    route_id=lane.route_id,
-                    batch_id=self._b.id,
-                    workspace=self._input.workspace,
-                    wanted=wanted,
-                    epoch=lane.epoch,
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            await self._through(
+                workflow.start_activity_method(
+                    ControlActivities.report_demand,
+                    DemandInput(
+                        route_id=lane.route_id,
+                        batch_id=self._b.id,
+                        workspace=self._input.workspace,
+                        wanted=wanted,
+                        epoch=lane.epoch,
+                    ),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+                )
             )
 
     async def _signal_ack(self, lane: Lane, epoch: int) -> None:
         handle = workflow.get_external_workflow_handle_for(
-            RouteSchedulerWorkflow.run, lane.scheduler_id
+            refs.RouteSchedulerWorkflow.run, lane.scheduler_id
         )
         try:
             await handle.signal(
-                RouteSchedulerWorkflow.ack,
+                refs.RouteSchedulerWorkflow.ack,
                 Ack(batch_id=self._b.id, epoch=epoch, running=lane.running),
             )
         except Exception as err:  # the scheduler is gone; re-registering brings it back
@@ -369,9 +390,8 @@ class BatchWorkflow:
     @workflow.signal
     def cancel(self) -> None:
         """Operators: `temporal workflow signal --workflow-id <batch id> --name cancel`."""
-        if self._b.status in ("validating", "in_progress"):
-            self._b.status = "cancelling"
-            self._b.cancelling_at = _now()
+        if may_cancel(self._b):
+            transition(self._b, "cancelling", _now())
             for lane in self._lanes:
                 lane.stop()
             self._set_status_attribute()
@@ -392,6 +412,7 @@ class BatchWorkflow:
     async def _finish(self) -> None:
         assert self._input is not None
         await self._report_demands()  # leave every scheduler (wanted 0)
+        self._check_cancel_request()
         reason: EndReason
         if self._b.status == "cancelling":
             reason = "cancelled"
@@ -399,20 +420,21 @@ class BatchWorkflow:
             reason = "expired"
         else:
             reason = "completed"
-            self._b.status = "finalizing"
-            self._b.finalizing_at = _now()
+            transition(self._b, "finalizing", _now())
             self._set_status_attribute()
-        out = await workflow.execute_activity_method(
-            FinalizeActivities.finalize_batch,
-            FinalizeInput(
-                batch_id=self._b.id,
-                workspace=self._input.workspace,
-                input_file_id=self._b.input_file_id,
-                reason=reason,
-            ),
-            start_to_close_timeout=timedelta(hours=1),
-            heartbeat_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_attempts=5),
+        out = await self._through(
+            workflow.start_activity_method(
+                FinalizeActivities.finalize_batch,
+                FinalizeInput(
+                    batch_id=self._b.id,
+                    workspace=self._input.workspace,
+                    input_file_id=self._b.input_file_id,
+                    reason=reason,
+                ),
+                start_to_close_timeout=timedelta(hours=1),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=5),
+            )
         )
         b = self._b
         b.output_file_id = out.output_file_id
@@ -422,20 +444,11 @@ class BatchWorkflow:
         )
         b.usage = Usage()
         b.usage.add(out.usage)
-        now = _now()
-        if reason == "cancelled":
-            b.status, b.cancelled_at = "cancelled", now
-        elif reason == "expired":
-            b.status = "expired"
-        else:
-            b.status, b.completed_at = "completed", now
+        transition(b, end_status(reason), _now())
         self._update_summary()
-        b.backfill.summary = None
-        for p in b.backfill.routes:
-            p.reason, p.running_lines, p.allotment = None, 0, 0
-            p.state = "done"
+        show_done(b)
         self._set_status_attribute()
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._wait(workflow.all_handlers_finished)
 
     @property
     def _indexed(self) -> bool:
@@ -448,27 +461,7 @@ class BatchWorkflow:
             workflow.upsert_search_attributes([sa.STATUS.value_set(self._b.status)])
 
     def _update_summary(self) -> None:
-        ext = self._b.backfill
-        ext.routes = [
-            RouteProgress(
-                model=lane.model,
-                route=lane.route_id,
-                state=lane.state(paused=ext.paused),
-                running_lines=lane.running,
-                allotment=lane.allotment,
-                total_lines=lane.total,
-                finished_lines=lane.finished,
-            )
-            for lane in self._lanes
-        ]
-        held_back = any(lane.pending_count() > 0 for lane in self._lanes)
-        running = sum(lane.running for lane in self._lanes)
-        if ext.paused:
-            ext.summary = "Paused"
-        elif held_back and running == 0 and not self._ending:
-            ext.summary = "Queued — waiting for capacity"
-        else:
-            ext.summary = None
+        show_progress(self._b, self._lanes, ending=self._ending)
 
 
 def _now() -> int:

@@ -8,11 +8,113 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from backfill.batches import BatchError, TokenCounts
+from backfill.batches import Batch, BatchError, TokenCounts
+from workflows.lanes import Lane
 
 EndReason = Literal["completed", "expired", "cancelled"]
+
+
+# ---- workflows ----
+class BatchState(BaseModel):
+    """A batch's state carried across continue-as-new."""
+
+    batch: Batch
+    lanes: list[Lane] = Field(default_factory=list)
+
+
+class BatchInput(BaseModel):
+    """BatchWorkflow's input (workflow id = batch id)."""
+
+    batch_id: str
+    workspace: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    created_at: int
+    metadata: dict[str, str] | None = None
+    allowed_models: list[str] | None = None
+    line_timeout_seconds: float = 600.0
+    max_line_retries: int = 5
+    state: BatchState | None = None
+    """Carried across continue-as-new; None on the first run."""
+
+
+class RouteSettings(BaseModel):
+    """The route's batch-scheduling settings, held durably in the scheduler's state."""
+
+    model_config = {"extra": "forbid"}
+
+    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
+    """"Batch lines at once": batch lines running on the route across every batch and process."""
+
+    @field_validator("max_concurrent_lines")
+    @classmethod
+    def _range(cls, v: int) -> int:
+        if not 1 <= v <= 256:
+            raise ValueError("max_concurrent_lines must be between 1 and 256")
+        return v
+
+
+class BatchSlot(BaseModel):
+    """What the scheduler knows of one batch on this route."""
+
+    batch_id: str
+    workspace: str
+    wanted: int = 0
+    allotment: int = 0
+    """Lines the batch may keep running (last decided)."""
+    held: int = 0
+    """Slots counted as used: the old allotment until a shrink is acknowledged."""
+    epoch: int = 0
+    """Epoch of the last allotment sent to the batch."""
+    sent: int = 0
+    """Allotment last sent (so only changes are signalled)."""
+    last_served: int = 0
+    arrived: int = 0
+    """Arrival sequence (queue order among equals)."""
+
+
+class SchedulerInput(BaseModel):
+    """RouteSchedulerWorkflow's input and state (carried across continue-as-new)."""
+
+    route_id: str
+    settings: RouteSettings = Field(default_factory=RouteSettings)
+    batches: dict[str, BatchSlot] = Field(default_factory=dict)
+    seq: int = 0
+    targets: dict[str, int] = Field(default_factory=dict)
+    """Fair shares last computed. Recomputed only when demand, settings or the set of batches
+    change, or at each reconcile tick (which rotates uneven remainders), never on a mere
+    acknowledgement: otherwise remainder slots would hop between batches after every line."""
+    replan: bool = True
+    reconcile_seconds: float = 30.0
+    """How often slots held by batches are checked against Temporal (vanished batches)."""
+
+
+class BatchStatusEntry(BaseModel):
+    batch_id: str
+    workspace: str
+    wanted: int
+    allotment: int
+    held: int
+    queue_position: int | None = None
+    reason: str | None = None
+
+
+class SchedulerStatus(BaseModel):
+    """The scheduler's `status` query answer."""
+
+    route_id: str
+    settings: RouteSettings
+    limit: int
+    allotted: int
+    """Sum of allotments: lines batches may run now."""
+    held: int
+    """Slots counted as used (≥ allotted while shrinks are unacknowledged)."""
+    queued_lines: int
+    """Lines wanted beyond their allotments."""
+    batches: list[BatchStatusEntry]
 
 
 # ---- activities ----

@@ -11,96 +11,27 @@ import asyncio
 from collections.abc import Awaitable
 from datetime import timedelta
 
-from pydantic import BaseModel, Field, field_validator
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
+    from workflows import refs
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
     from workflows.messages import (
         Ack,
         Allotment,
+        BatchSlot,
+        BatchStatusEntry,
         ClosedBatchesInput,
         Demand,
+        RouteSettings,
+        SchedulerInput,
+        SchedulerStatus,
     )
 
-SET_ALLOTMENT_SIGNAL = "set_allotment"
-"""BatchWorkflow's signal (named, not imported: the batch workflow imports this module)."""
 REASON_AT_LIMIT = "At its batch limit"
 REASON_OTHERS_TURN = "Other batches' turn"
-
-
-class RouteSettings(BaseModel):
-    """The route's batch-scheduling settings, held durably in the scheduler's state."""
-
-    model_config = {"extra": "forbid"}
-
-    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
-    """"Batch lines at once": batch lines running on the route across every batch and process."""
-
-    @field_validator("max_concurrent_lines")
-    @classmethod
-    def _range(cls, v: int) -> int:
-        if not 1 <= v <= 256:
-            raise ValueError("max_concurrent_lines must be between 1 and 256")
-        return v
-
-
-class BatchSlot(BaseModel):
-    """What the scheduler knows of one batch on this route."""
-
-    batch_id: str
-    workspace: str
-    wanted: int = 0
-    allotment: int = 0
-    """Lines the batch may keep running (last decided)."""
-    held: int = 0
-    """Slots counted as used: the old allotment until a shrink is acknowledged."""
-    epoch: int = 0
-    """Epoch of the last allotment sent to the batch."""
-    sent: int = 0
-    """Allotment last sent (so only changes are signalled)."""
-    last_served: int = 0
-    arrived: int = 0
-    """Arrival sequence (queue order among equals)."""
-
-
-class SchedulerInput(BaseModel):
-    route_id: str
-    settings: RouteSettings = Field(default_factory=RouteSettings)
-    batches: dict[str, BatchSlot] = Field(default_factory=dict)
-    seq: int = 0
-    targets: dict[str, int] = Field(default_factory=dict)
-    """Fair shares last computed. Recomputed only when demand, settings or the set of batches
-    change, or at each reconcile tick (which rotates uneven remainders), never on a mere
-    acknowledgement: otherwise remainder slots would hop between batches after every line."""
-    replan: bool = True
-    reconcile_seconds: float = 30.0
-    """How often slots held by batches are checked against Temporal (vanished batches)."""
-
-
-class BatchStatusEntry(BaseModel):
-    batch_id: str
-    workspace: str
-    wanted: int
-    allotment: int
-    held: int
-    queue_position: int | None = None
-    reason: str | None = None
-
-
-class SchedulerStatus(BaseModel):
-    route_id: str
-    settings: RouteSettings
-    limit: int
-    allotted: int
-    """Sum of allotments: lines batches may run now."""
-    held: int
-    """Slots counted as used (≥ allotted while shrinks are unacknowledged)."""
-    queued_lines: int
-    """Lines wanted beyond their allotments."""
-    batches: list[BatchStatusEntry]
 
 
 @workflow.defn
@@ -226,7 +157,7 @@ class RouteSchedulerWorkflow:
         results = await _gather(
             [
                 workflow.get_external_workflow_handle(slot.batch_id).signal(
-                    SET_ALLOTMENT_SIGNAL,
+                    refs.BatchWorkflow.set_allotment,
                     Allotment(route_id=self._state.route_id, epoch=slot.epoch, lines=slot.sent),
                 )
                 for slot in changed

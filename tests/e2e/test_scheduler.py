@@ -18,7 +18,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
-from workflows.scheduler import RouteSchedulerWorkflow, SchedulerStatus
+from workflows.messages import SchedulerStatus
+from workflows.refs import RouteSchedulerWorkflow
 
 ADMIN = {"Authorization": "Bearer sk-test-admin"}
 

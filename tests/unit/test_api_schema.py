@@ -309,7 +309,8 @@ def test_file_routes_answer_the_documented_models(http: TestClient) -> None:
         "expires_at",
         "status_details",
     ]
-    assert body["expires_at"] is None and body["status_details"] is None
+    assert body["expires_at"] == body["created_at"] + 30 * 86400  # inputs: 30 days by default
+    assert body["status_details"] is None
     assert openai.types.FileObject.model_validate(body).bytes == 3
     assert http.get(f"/v1/files/{body['id']}").json() == body
     listed = http.get("/v1/files").json()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from workflows.lanes import Lane, Tries, demand_to_report
-from workflows.scheduler import BatchSlot, RouteSettings, SchedulerInput, scheduler_status
+from workflows.messages import BatchSlot, RouteSettings, SchedulerInput
+from workflows.scheduler import scheduler_status
 
 
 def lane(total: int = 10, **kw: object) -> Lane:

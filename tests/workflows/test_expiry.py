@@ -31,8 +31,8 @@ from backfill.config import Settings
 from backfill.dev.devserver import test_server_path
 from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow
-from workflows.batch import BatchInput, BatchWorkflow
-from workflows.messages import DemandInput, LineInput, LineOutcome, PauseRequest
+from workflows.batch import BatchWorkflow
+from workflows.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
 from workflows.scheduler import RouteSchedulerWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

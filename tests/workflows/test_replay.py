@@ -27,6 +27,14 @@ def test_histories_exist() -> None:
         "batch_continued_as_new",
         "route_scheduler",
         "route_scheduler_continued_as_new",
+        # A cancellation request landing while an activity runs: before the patch (the run
+        # closed as cancelled, no files) and after it (the batch ends with its files).
+        "batch_cancel_requested_unpatched_validating",
+        "batch_cancel_requested_unpatched_reporting",
+        "batch_cancel_requested_unpatched_finalizing",
+        "batch_cancel_requested_validating",
+        "batch_cancel_requested_reporting",
+        "batch_cancel_requested_finalizing",
     } <= names
 
 

@@ -1,0 +1,101 @@
+"""Typed references to our workflows, for code that must not import the workflow modules.
+
+The api, the activities and each workflow talking to the other start, signal, query and update
+workflows through these classes: `client.start_workflow(refs.BatchWorkflow.run, ...)`,
+`handle.signal(refs.RouteSchedulerWorkflow.ack, ...)`. Each class carries the workflow's
+type name and the name and types of every run method, signal, query and update, and nothing else:
+no state, no behaviour (the bodies are never called), so importing it imports no workflow code and
+no cycle can form. `tests/unit/test_refs.py` checks each against the real workflow class.
+
+Rule: `activities/` and `api/` import `workflows.messages`, `workflows.refs` and pure modules,
+never `workflows.batch` or `workflows.scheduler` (docs/decisions/0008).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import workflow
+
+from backfill.batches import Batch
+from workflows.lifecycle import initial_batch
+from workflows.messages import (
+    Ack,
+    Allotment,
+    BatchInput,
+    Demand,
+    PauseRequest,
+    RouteSettings,
+    SchedulerInput,
+    SchedulerStatus,
+)
+
+
+@workflow.defn(name="BatchWorkflow")
+class BatchWorkflow:
+    """workflows.batch.BatchWorkflow: one OpenAI batch (workflow id = batch id)."""
+
+    @workflow.run
+    async def run(self, input: BatchInput) -> Batch:
+        raise NotImplementedError
+
+    @staticmethod
+    def initial_batch(input: BatchInput) -> Batch:
+        """The Batch object as created, before validation (also what the api answers)."""
+        return initial_batch(input)
+
+    @workflow.signal
+    def set_allotment(self, a: Allotment) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def pause(self, req: PauseRequest | None = None) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def resume(self) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+    @workflow.update
+    def cancel_now(self) -> Batch:
+        raise NotImplementedError
+
+    @workflow.query
+    def describe(self) -> Batch:
+        raise NotImplementedError
+
+
+@workflow.defn(name="RouteSchedulerWorkflow")
+class RouteSchedulerWorkflow:
+    """workflows.scheduler.RouteSchedulerWorkflow: one per route (id from
+    `backfill.ids.scheduler_workflow_id`)."""
+
+    @workflow.run
+    async def run(self, input: SchedulerInput) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def demand(self, d: Demand) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def ack(self, a: Ack) -> None:
+        raise NotImplementedError
+
+    @workflow.update
+    def set_settings(self, settings: RouteSettings) -> RouteSettings:
+        raise NotImplementedError
+
+    @workflow.query
+    def status(self) -> SchedulerStatus:
+        raise NotImplementedError
+
+
+def signal_name(signal: Callable[..., Any]) -> str:
+    """The name of a signal given by method reference (for `start_signal`, which takes a name)."""
+    return workflow._SignalDefinition.must_name_from_fn_or_str(signal)
