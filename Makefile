@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test fmt lint clean
+.PHONY: venv run test fmt lint clean promtool
 
 venv: $(STAMP)
 
@@ -25,8 +25,20 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# promtool (Debian's prometheus package) runs the alert-rule tests in tests/unit/test_deploy.py.
+# Installed when missing: with apt-get as root, otherwise stop with the command to run.
+promtool:
+	@if command -v promtool >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "promtool missing: installing Debian's prometheus package"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; \
+	else \
+		echo "promtool is missing. Install it with: sudo apt-get install -y prometheus" >&2; exit 1; \
+	fi; \
+	command -v promtool >/dev/null 2>&1 || { echo "promtool still missing after installing prometheus" >&2; exit 1; }
+
 # pytest exits 5 when it collected no tests: not a failure here.
-test: lint
+test: lint promtool
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
 fmt: venv

@@ -1,0 +1,487 @@
+"""deploy/: the alert rules (promtool), the Grafana dashboard, the compose file, Prometheus'
+config and the Helm chart, validated without Docker, a cluster or the network.
+
+promtool comes from Debian's `prometheus` package (`make test` installs it). When it is missing
+these tests fail with the install command; they never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PROMETHEUS = DEPLOY / "prometheus"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "backfill.json"
+COMPOSE = DEPLOY / "compose.yml"
+CHART = DEPLOY / "helm" / "backfill"
+
+PROMTOOL_INSTALL = "apt-get install -y prometheus"
+
+# The metric names the api and the worker export (issue 11's contract), with their types.
+CONTRACT: dict[str, str] = {
+    "gateway_batch_route_lines": "gauge",
+    "gateway_batch_paused_routes": "gauge",
+    "gateway_batch_route_pauses_total": "counter",
+    "gateway_batch_line_outcomes_total": "counter",
+    "gateway_batch_line_seconds": "histogram",
+    "gateway_live_in_flight": "gauge",
+    "gateway_live_request_seconds": "histogram",
+    "gateway_server_load": "gauge",
+    "gateway_server_load_errors_total": "counter",
+    "gateway_batch_stall_seconds": "gauge",
+}
+TEMPORAL_PREFIX = "temporal_"
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+# PromQL words that are not metric names.
+PROMQL_WORDS = {
+    # aggregations and their modifiers
+    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
+    "count_values", "group", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "and", "or", "unless", "bool", "offset",
+    # functions used or likely in a dashboard
+    "rate", "irate", "increase", "delta", "idelta", "deriv", "histogram_quantile", "vector",
+    "scalar", "abs", "ceil", "floor", "round", "clamp_min", "clamp_max", "absent",
+    "label_replace", "time", "max_over_time", "min_over_time", "avg_over_time", "sort",
+    "sort_desc", "inf", "nan",
+}  # fmt: skip
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool is missing: install Debian's prometheus package "
+            f"(`{PROMTOOL_INSTALL}`, as root; `make test` does it)",
+            pytrace=False,
+        )
+    return path
+
+
+def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# --- alert rules ------------------------------------------------------------------------------
+
+
+def test_promtool_check_rules() -> None:
+    result = run_promtool("check", "rules", "rules.yml", cwd=PROMETHEUS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 6 rules found" in result.stdout
+
+
+def test_promtool_test_rules() -> None:
+    """rules_test.yml: a stalled batch fires BackfillBatchStalled, one waiting legitimately does
+    not; every other alert fires only past its threshold and duration."""
+    result = run_promtool("test", "rules", "rules_test.yml", cwd=PROMETHEUS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_test_rules_catches_a_wrong_threshold(tmp_path: Path) -> None:
+    """The rule tests can fail: with the stall threshold lowered, they do."""
+    rules = (PROMETHEUS / "rules.yml").read_text()
+    assert "(gateway_batch_stall_seconds) > 1800" in rules
+    (tmp_path / "rules.yml").write_text(
+        rules.replace("(gateway_batch_stall_seconds) > 1800", "(gateway_batch_stall_seconds) > 600")
+    )
+    shutil.copy(PROMETHEUS / "rules_test.yml", tmp_path / "rules_test.yml")
+    result = run_promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "BackfillBatchStalled" in result.stdout + result.stderr
+
+
+def test_rules_cover_the_alerts_the_operator_guide_documents() -> None:
+    rules = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert {
+        "BackfillBatchStalled",
+        "BackfillServerMetricsUnavailable",
+        "BackfillWorkersBusy",
+        "BackfillWorkerMetricsAbsent",
+    } <= set(alerts)
+    guide = (ROOT / "docs" / "operator-guide.md").read_text()
+    tests = (PROMETHEUS / "rules_test.yml").read_text()
+    for name, rule in alerts.items():
+        anchor = name.lower()
+        assert rule["annotations"]["runbook"] == f"docs/operator-guide.md#{anchor}"
+        assert f"### {name}" in guide, f"docs/operator-guide.md has no section for {name}"
+        assert f"alertname: {name}" in tests, f"rules_test.yml does not test {name}"
+
+
+def test_prometheus_config_loads_the_rules_and_scrapes_api_and_workers() -> None:
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["rules.yml"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    api_targets = jobs["backfill-api"]["static_configs"][0]["targets"]
+    worker_targets = jobs["backfill-worker"]["static_configs"][0]["targets"]
+    assert sorted(api_targets) == ["api-1:8000", "api-2:8000"]
+    assert sorted(worker_targets) == ["worker-1:9464", "worker-2:9464"]
+    result = run_promtool("check", "config", "prometheus.yml", cwd=PROMETHEUS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- dashboard --------------------------------------------------------------------------------
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names in a PromQL expression (label values, matchers, ranges, groupings and
+    numbers removed first)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)  # strings (label values)
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range selectors
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    words = re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text)
+    return {w for w in words if w.lower() not in PROMQL_WORDS}
+
+
+def contract_metric(name: str) -> str | None:
+    """The contract metric a series name belongs to, or None."""
+    if name in CONTRACT:
+        return name
+    for suffix in HISTOGRAM_SUFFIXES:
+        base = name.removesuffix(suffix)
+        if base != name and CONTRACT.get(base) == "histogram":
+            return base
+    return None
+
+
+def test_metric_names_parser() -> None:
+    expr = (
+        "histogram_quantile(0.95, sum by (route, phase, le) "
+        '(rate(gateway_live_request_seconds_bucket{phase="ttft", x=~"a|b"}[5m]))) '
+        "or vector(0) > on(instance) group_left up"
+    )
+    assert metric_names(expr) == {"gateway_live_request_seconds_bucket", "up"}
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels: list[dict[str, Any]] = []
+    for panel in dashboard["panels"]:
+        panels.append(panel)
+        panels.extend(panel.get("panels", []))
+    return panels
+
+
+def test_dashboard_queries_name_only_contract_metrics_and_cover_them_all() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "backfill"
+    used: set[str] = set()
+    temporal: set[str] = set()
+    queries = 0
+    for panel in dashboard_panels():
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "prometheus", panel["title"]
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        for target in panel["targets"]:
+            queries += 1
+            for name in metric_names(target["expr"]):
+                if name.startswith(TEMPORAL_PREFIX):
+                    temporal.add(name)
+                    continue
+                base = contract_metric(name)
+                assert base is not None, f"panel {panel['title']!r}: {name} is not in the contract"
+                used.add(base)
+    assert queries >= len(CONTRACT)
+    assert set(CONTRACT) - used == set(), "contract metrics without a panel"
+    assert temporal, "no panel shows the worker's Temporal SDK metrics"
+
+
+def test_dashboard_panel_ids_and_positions_are_unique() -> None:
+    panels = dashboard_panels()
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in panels:
+        pos = p["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, p["title"]
+        for dx in range(pos["w"]):
+            for dy in range(pos["h"]):
+                cell = (pos["x"] + dx, pos["y"] + dy)
+                assert cell not in cells, f"panel {p['title']!r} overlaps another"
+                cells.add(cell)
+
+
+def test_grafana_provisioning_points_at_prometheus_and_the_dashboard() -> None:
+    datasources = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )
+    (source,) = datasources["datasources"]
+    assert source["uid"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    providers = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "backfill.yml").read_text()
+    )
+    assert providers["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+# --- compose ----------------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return loaded
+
+
+def depends(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return {name: "service_started" for name in deps}
+    return {name: spec["condition"] for name, spec in deps.items()}
+
+
+def test_compose_has_every_service_with_pinned_images() -> None:
+    services = compose()["services"]
+    assert set(services) >= {
+        "postgresql",
+        "temporal",
+        "temporal-setup",
+        "temporal-ui",
+        "api-1",
+        "api-2",
+        "worker-1",
+        "worker-2",
+        "prometheus",
+        "grafana",
+    }
+    for name, service in services.items():
+        image = service["image"]
+        if "build" in service:
+            assert service["build"]["dockerfile"] == "deploy/Dockerfile", name
+            assert (DEPLOY / service["build"]["context"] / "deploy" / "Dockerfile").is_file()
+            continue
+        tag = image.rpartition(":")[2]
+        assert ":" in image and tag not in ("latest", ""), f"{name}: pin {image}"
+    assert services["temporal"]["image"].startswith("temporalio/auto-setup:")
+    assert services["temporal"]["environment"]["DB"] == "postgres12"
+    assert services["temporal-ui"]["image"].startswith("temporalio/ui:")
+
+
+def test_compose_dependencies_and_commands() -> None:
+    services = compose()["services"]
+    assert depends(services["temporal"]) == {"postgresql": "service_healthy"}
+    setup_script = services["temporal-setup"]["command"][0]
+    for attribute in (
+        "BackfillWorkspace:Keyword",
+        "BackfillStatus:Keyword",
+        "BackfillEndpoint:Keyword",
+        "BackfillModels:KeywordList",
+        "BackfillCreatedAt:Int",
+    ):
+        assert attribute in setup_script
+    for name in ("api-1", "api-2"):
+        assert services[name]["command"] == ["api"]
+        assert depends(services[name]) == {"temporal-setup": "service_completed_successfully"}
+    for name in ("worker-1", "worker-2"):
+        assert services[name]["command"] == ["worker"]
+        assert depends(services[name])["temporal-setup"] == "service_completed_successfully"
+    assert depends(services["grafana"]) == {"prometheus": "service_started"}
+
+
+def test_compose_apis_and_workers_share_the_file_store_and_config() -> None:
+    spec = compose()
+    services = spec["services"]
+    assert "filestore" in spec["volumes"]
+    for name in ("api-1", "api-2", "worker-1", "worker-2"):
+        service = services[name]
+        assert "filestore:/data" in service["volumes"], name
+        assert "./compose/backfill.toml:/etc/backfill/backfill.toml:ro" in service["volumes"]
+        env = service["environment"]
+        assert env["BACKFILL_DATA_DIR"] == "/data"
+        assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
+        assert env["BACKFILL_WORKER_METRICS_PORT"] == "9464"
+    config = (DEPLOY / "compose" / "backfill.toml").read_text()
+    assert 'data_dir = "/data"' in config
+    assert "fd500b8b04ab347d" not in config, "the shipped dev key must not be exposed"
+
+
+def test_compose_mounts_prometheus_rules_and_grafana_provisioning() -> None:
+    services = compose()["services"]
+    prometheus = services["prometheus"]["volumes"]
+    assert "./prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in prometheus
+    assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus
+    grafana = services["grafana"]["volumes"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in grafana
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana
+    for volume in prometheus + grafana + services["api-1"]["volumes"]:
+        source = volume.split(":")[0]
+        if source.startswith("./"):
+            assert (DEPLOY / source).exists(), f"compose mounts missing {source}"
+
+
+# --- Dockerfile -------------------------------------------------------------------------------
+
+
+def test_dockerfile_installs_the_project_as_a_non_root_user() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert "RUN pip install ." in text
+    assert re.search(r"^USER 10001", text, re.M)
+    assert 'ENTRYPOINT ["backfill"]' in text
+    packages = {line.split()[1] for line in text.splitlines() if line.startswith("COPY ")}
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include = \[([^\]]*)\]", pyproject)
+    assert include is not None
+    for package in re.findall(r'"(\w+)\*"', include.group(1)):
+        assert package in packages, f"the Dockerfile does not copy the {package} package"
+
+
+# --- Helm chart -------------------------------------------------------------------------------
+
+
+def render_chart(values: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """`helm template` through Helm's own Go SDK (helm-python-sdk): template name -> documents."""
+    from helm_python import Chart
+
+    with Chart.load(CHART) as chart:
+        rendered = chart.render(values=values or {}, name="backfill", namespace="batch")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, text in rendered.items():
+        if name.endswith("NOTES.txt"):
+            continue
+        out[name.rpartition("/")[2]] = [d for d in yaml.safe_load_all(text) if d]
+    return out
+
+
+def all_documents(rendered: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [doc for docs in rendered.values() for doc in docs]
+
+
+def test_chart_metadata_and_values_parse() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["name"] == "backfill"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["api"]["replicas"] == 2 and values["worker"]["replicas"] == 2
+    assert values["fileStore"]["pvc"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_every_value_the_templates_use_is_in_values_yaml() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for template in (CHART / "templates").iterdir():
+        for path in re.findall(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)", template.read_text()):
+            node: Any = values
+            for key in path.strip(".").split("."):
+                assert isinstance(node, dict) and key in node, f"{template.name}: .Values{path}"
+                node = node[key]
+
+
+def test_chart_renders_api_and_workers_against_existing_temporal() -> None:
+    rendered = render_chart(
+        {
+            "temporal": {
+                "address": "temporal.example:7233",
+                "namespace": "batch-prod",
+                "tls": {"enabled": True, "clientCertSecret": "temporal-client"},
+                "apiKey": {"existingSecret": "temporal-key", "key": "key"},
+            },
+            "api": {"replicas": 3},
+            "worker": {"replicas": 5, "maxConcurrentActivities": 64},
+            "upstreamKeys": {"existingSecret": "model-keys"},
+        }
+    )
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in all_documents(rendered)}
+    api = docs[("Deployment", "backfill-api")]
+    worker = docs[("Deployment", "backfill-worker")]
+    assert api["spec"]["replicas"] == 3 and worker["spec"]["replicas"] == 5
+    for deployment, command in ((api, "api"), (worker, "worker")):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["args"] == [command]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["TEMPORAL_ADDRESS"]["value"] == "temporal.example:7233"
+        assert env["TEMPORAL_NAMESPACE"]["value"] == "batch-prod"
+        assert env["TEMPORAL_TLS"]["value"] == "true"
+        assert env["TEMPORAL_TLS_CERT"]["value"] == "/etc/temporal-tls/tls.crt"
+        assert env["TEMPORAL_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+            "name": "temporal-key",
+            "key": "key",
+        }
+        assert container["envFrom"] == [{"secretRef": {"name": "model-keys"}}]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts["/data"] == "files" and mounts["/etc/backfill"] == "config"
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["files"]["persistentVolumeClaim"]["claimName"] == "backfill-files"
+        assert volumes["config"]["configMap"]["name"] == "backfill-config"
+    worker_env = {
+        e["name"]: e.get("value")
+        for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert worker_env["BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES"] == "64"
+    assert worker_env["BACKFILL_WORKER_METRICS_PORT"] == "9464"
+    pvc = docs[("PersistentVolumeClaim", "backfill-files")]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    config = docs[("ConfigMap", "backfill-config")]
+    assert "[[models.routes]]" in config["data"]["backfill.toml"]
+
+
+def test_chart_existing_claim_and_optional_objects() -> None:
+    plain = all_documents(render_chart({"fileStore": {"pvc": {"existingClaim": "shared"}}}))
+    kinds = {d["kind"] for d in plain}
+    assert "PersistentVolumeClaim" not in kinds
+    assert "ServiceMonitor" not in kinds and "Job" not in kinds
+    full = all_documents(
+        render_chart(
+            {
+                "metrics": {"serviceMonitor": {"enabled": True}},
+                "temporal": {"registerSearchAttributes": {"enabled": True}},
+            }
+        )
+    )
+    (monitor,) = [d for d in full if d["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["jobLabel"] == "backfill.io/scrape-job"
+    jobs = {
+        d["metadata"]["labels"].get("backfill.io/scrape-job")
+        for d in full
+        if d["kind"] == "Service"
+    }
+    assert jobs == {"backfill-api", "backfill-worker"}
+    (job,) = [d for d in full if d["kind"] == "Job"]
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "BackfillModels:KeywordList" in script
+
+
+def test_chart_refuses_s3_until_backfill_supports_it() -> None:
+    from helm_python import HelmError
+
+    with pytest.raises(HelmError, match="not supported yet"):
+        render_chart({"fileStore": {"type": "s3"}})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {
+            "temporal": {
+                "tls": {"enabled": True, "clientCertSecret": "c"},
+                "apiKey": {"existingSecret": "k"},
+                "registerSearchAttributes": {"enabled": True},
+            },
+            "upstreamKeys": {"existingSecret": "u"},
+            "api": {"nodeSelector": {"pool": "api"}, "extraEnv": [{"name": "X", "value": "1"}]},
+        },
+    ],
+    ids=["defaults", "everything-on"],
+)
+def test_chart_manifests_match_the_kubernetes_schemas(values: dict[str, Any]) -> None:
+    """Every rendered object validates (strictly: no unknown fields) against the Kubernetes
+    JSON schemas bundled in kubernetes-validate."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    documents = all_documents(render_chart(values))
+    assert len(documents) >= 6
+    for doc in documents:
+        kubernetes_validate.validate(doc, version, strict=True)
