@@ -391,7 +391,8 @@ def test_state_is_constant_until_next_change_and_flips_there(
         return
     change = state.next_change
     assert change > now and change.tzinfo is not None
-    assert change - now <= timedelta(days=15)
+    if not (w.from_ == w.until and len(w.days) == 7):
+        assert change - now <= timedelta(days=15)  # a listed day recurs weekly
     span = change - now
     for f in fractions:
         t = now + span * f
@@ -409,3 +410,12 @@ def test_an_open_stretch_lasts_at_most_a_day_and_an_hour_unless_days_touch(
     state = window_state(w, now)
     if state.open and state.next_change is not None and len(w.days) == 1:
         assert state.next_change - now <= timedelta(hours=25)
+
+
+def test_every_day_midnight_window_closes_on_a_skipped_midnight() -> None:
+    # Santiago moved from -04 to -03 at 00:00 on 7 September 2025: that day has no 00:00, so
+    # its whole-day window does not open; Saturday's ends at the jump (01:00 -03 = 04:00 UTC).
+    w = window("America/Santiago", list(DAYS), "00:00", "00:00")
+    assert window_state(w, utc("2025-03-09T07:00")).next_change == utc("2025-09-07T04:00")
+    assert is_open(w, utc("2025-09-07T04:00")) is False
+    assert next_change(w, utc("2025-09-07T04:00")) == utc("2025-09-08T03:00")  # Monday 00:00
