@@ -53,10 +53,11 @@ DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 OUTSIDE_WINDOW = "Outside its time window"
 """The reason a route shows while its window is closed."""
 
-SCAN_DAYS = 800
-"""How far ahead `next_change` looks. Only a whole-day window on all seven days can go that
-long without a change (it closes only when its start falls in a skipped hour); past this horizon
-it reports no change."""
+SCAN_DAYS = 400
+"""How far ahead `next_change` looks: over a year, and clock changes recur yearly. Only a
+whole-day window on all seven days can go that long without a change (it closes only on a day
+whose start is skipped); past this horizon it reports no change. That case costs a few ms per
+call, every other window well under 0.1 ms."""
 
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*")
 _HH_MM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
