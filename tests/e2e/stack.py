@@ -1,23 +1,40 @@
 """The real stack for e2e tests: the session's dev server, the simulator, and the worker and api
 as separate processes (`python -m backfill worker|api`), each test with its own task queue,
-routes, data directory and ports."""
+routes, data directory, ports and workspaces.
+
+Stacks share one dev server and namespace, so everything that lives there is the stack's own:
+routes and task queue carry a random suffix, and so do the workspaces (`alpha-<suffix>`), which
+is what batch listings filter by. A test may therefore count on a workspace holding exactly the
+batches it made, whatever ran before it. The api keys (`sk-test-alpha`, ...) are read by each
+stack's own api from its own config, so they never meet another stack's.
+
+`stop()` ends the stack's batches first (cancel, then wait; terminate what does not end) and
+terminates its route schedulers, so nothing a test started keeps running into the next one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from backfill.config import hash_key
+from backfill.dev.devserver import connect_client
 from backfill.dev.procs import Child, backfill_argv, free_port
+from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig, SimServer
+from tests.polling import PollTimeout, poll_until
+from workflows.batch import BatchWorkflow
+
+log = logging.getLogger(__name__)
 
 API_KEY = "sk-test-alpha"
 KEYS = {
@@ -56,6 +73,7 @@ class Stack:
         self.workers: list[Child] = []
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
+        self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
 
     @property
     def api_url(self) -> str:
@@ -84,7 +102,8 @@ class Stack:
                 f"max_concurrent_lines = {self.cap}",
             ]
         for key, (ws, role) in KEYS.items():
-            lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"', f'workspace = "{ws}"']
+            lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"']
+            lines += [f'workspace = "{self.workspaces[ws]}"']
             lines += [f'role = "{role}"', f'name = "{ws}-key"']
         self.config_path.write_text("\n".join(lines) + "\n")
 
@@ -112,18 +131,21 @@ class Stack:
         return child
 
     async def wait_healthy(self, within: float = 60) -> None:
-        deadline = time.monotonic() + within
-        async with httpx.AsyncClient() as http:
-            while time.monotonic() < deadline:
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def healthz() -> int:
                 if not self.api.running:
                     raise RuntimeError(f"api exited: {self._log('api')}")
-                try:
-                    if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.2)
-        raise TimeoutError("api never became healthy")
+                return (await http.get(f"{self.api_url}/healthz")).status_code
+
+            await poll_until(
+                healthz,
+                lambda code: code == 200,
+                timeout=within,
+                what=f"{self.api_url}/healthz to answer 200",
+                interval=0.2,
+                ignore=(httpx.HTTPError,),
+            )
 
     def _log(self, name: str) -> str:
         path = self.tmp / f"{name}.log"
@@ -133,9 +155,52 @@ class Stack:
         return openai.AsyncOpenAI(api_key=key, base_url=f"{self.api_url}/v1", max_retries=0)
 
     async def stop(self) -> None:
-        for child in [self.api, *self.workers]:
-            await asyncio.to_thread(child.stop)
-        await self.sim.stop()
+        try:
+            if any(w.running for w in self.workers):
+                await self.end_batches()
+        finally:
+            for child in [self.api, *self.workers]:
+                await asyncio.to_thread(child.stop)
+            await self.sim.stop()
+
+    async def end_batches(self, within: float = 90) -> None:
+        """Cancel the stack's running batches and wait until they ended (terminating what did
+        not end in time), then terminate its route schedulers, which never end by themselves."""
+        temporal = await connect_client(self.temporal_address)
+        query = f"TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
+        running = [ex async for ex in temporal.list_workflows(query)]
+        batches = [ex.id for ex in running if ex.workflow_type == "BatchWorkflow"]
+        for batch_id in batches:
+            handle = temporal.get_workflow_handle_for(BatchWorkflow.run, batch_id)
+            with contextlib.suppress(RPCError):  # it may have ended meanwhile
+                await handle.signal(BatchWorkflow.cancel)
+
+        async def still_running() -> list[str]:
+            left = []
+            for batch_id in batches:
+                desc = await temporal.get_workflow_handle(batch_id).describe()
+                if desc.status == WorkflowExecutionStatus.RUNNING:
+                    left.append(batch_id)
+            return left
+
+        try:
+            await poll_until(
+                still_running,
+                lambda left: not left,
+                timeout=within,
+                what=f"the cancelled batches of stack {self.suffix} to end",
+                interval=0.25,
+            )
+        except PollTimeout as err:
+            log.warning("terminating batches that did not end: %s", err)
+            for batch_id in await still_running():
+                with contextlib.suppress(RPCError):
+                    await temporal.get_workflow_handle(batch_id).terminate("test stack stopped")
+        for route in self.routes:
+            with contextlib.suppress(RPCError):  # never started, or already ended
+                await temporal.get_workflow_handle(scheduler_workflow_id(route)).terminate(
+                    "test stack stopped"
+                )
 
 
 async def submit(stack: Stack, n: int, *, key: str = API_KEY, prefix: str = "req") -> str:
@@ -187,15 +252,32 @@ def jsonl(n: int, *, prefix: str = "req", model: str = "demo", **body: Any) -> b
     return ("\n".join(out) + "\n").encode()
 
 
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
 async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, within: float = 300) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        batch = await client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"batch {batch_id} still {batch.status}: {batch}")
-        await asyncio.sleep(0.25)
+    """The batch once it reached a terminal status (API errors fail the wait at once)."""
+    return await poll_until(
+        lambda: client.batches.retrieve(batch_id),
+        lambda b: b.status in TERMINAL,
+        timeout=within,
+        what=f"batch {batch_id} to reach a terminal status",
+        interval=0.25,
+    )
+
+
+def input_ids(prefix: str, n: int) -> list[str]:
+    """The custom_ids of `jsonl(n, prefix=prefix)`, in input order."""
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
+def assert_input_order(ids: list[str], expected: list[str]) -> None:
+    """`ids` (an output or error file's custom_ids) are distinct lines of the input, in input
+    order, as docs/batches.md promises for both files."""
+    position = {cid: i for i, cid in enumerate(expected)}
+    assert len(set(ids)) == len(ids), "a line written twice"
+    assert set(ids) <= position.keys(), set(ids) - position.keys()
+    assert [position[c] for c in ids] == sorted(position[c] for c in ids), "not in input order"
 
 
 def auth(key: str = API_KEY) -> dict[str, str]:

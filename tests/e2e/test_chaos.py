@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.chaos import run_chaos
 
 
+@pytest.mark.timeout(1200)
 async def test_batch_survives_worker_kills_and_restarts(tmp_path: Path) -> None:
     report = await run_chaos(tmp_path, lines=1200)
     assert report.status == "completed", report

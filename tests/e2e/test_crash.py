@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
 
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
+from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
+from tests.polling import poll_until
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -25,8 +25,13 @@ async def test_sigkill_worker_mid_batch_completes_exactly_once(slow_stack: Stack
     n = 60
     batch_id = await submit(stack, n)
     # Wait until lines are in flight on the upstream, then kill the worker without warning.
-    while stack.sim.app.stats_dict()["batch"]["concurrent"] < 4:
-        await asyncio.sleep(0.05)
+    await poll_until(
+        lambda: stack.sim.app.stats_dict()["batch"]["concurrent"],
+        lambda c: c >= 4,
+        timeout=120,
+        what="4 lines in flight at the upstream",
+        interval=0.05,
+    )
     before = (await client.batches.retrieve(batch_id)).request_counts
     assert before is not None and before.completed < n
     assert stack.workers[0].kill() == -9
@@ -35,5 +40,5 @@ async def test_sigkill_worker_mid_batch_completes_exactly_once(slow_stack: Stack
     assert batch.status == "completed", batch
     ids, errors = await output_ids(client, batch)
     assert errors == []
-    assert sorted(ids) == sorted(f"req-{i}" for i in range(n))  # each exactly once
+    assert ids == input_ids("req", n)  # each exactly once, in input order
     assert batch.request_counts.completed == n and batch.request_counts.failed == 0

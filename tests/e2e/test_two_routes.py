@@ -3,15 +3,16 @@ own scheduler and cap; a full route never spills onto the other."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest_asyncio
 
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit
+from tests.e2e.stack import TERMINAL, Stack, input_ids, output_ids, submit
+from tests.polling import poll_until
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -38,14 +39,21 @@ async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack
     batch_id = await submit(stack, 60, prefix="two")
     peak: dict[str, int] = {fast: 0, slow: 0}
     totals: dict[str, int] = {}
-    while True:
+
+    async def sample() -> Any:
         b = await client.batches.retrieve(batch_id)
         for r in (b.model_extra or {})["backfill"]["routes"]:
             peak[r["route"]] = max(peak[r["route"]], r["running_lines"])
             totals[r["route"]] = r["total_lines"]
-        if b.status in ("completed", "failed", "expired", "cancelled"):
-            break
-        await asyncio.sleep(0.05)
+        return b
+
+    b = await poll_until(
+        sample,
+        lambda b: b.status in TERMINAL,
+        timeout=240,
+        what=f"batch {batch_id} to finish",
+        interval=0.05,
+    )
     assert b.status == "completed"
     # Lines were split between both routes at validation (weights 1:1) and stayed there.
     assert totals[fast] > 10 and totals[slow] > 10 and totals[fast] + totals[slow] == 60
@@ -54,4 +62,4 @@ async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack
     # The slow route's cap of 1 held; the other route used its own four slots meanwhile.
     assert peak[slow] == 1 and peak[fast] > 1
     ids, errors = await output_ids(client, b)
-    assert sorted(ids) == sorted(f"two-{i}" for i in range(60)) and errors == []
+    assert ids == input_ids("two", 60) and errors == []

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest_asyncio
 
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, submit
+from tests.polling import poll_until
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -32,19 +32,30 @@ async def test_allotted_lines_waiting_for_worker_slots_say_so(small_worker: Stac
     stack = small_worker
     first = await submit(stack, 40, key="sk-test-alpha", prefix="a")
     # The first batch fills both worker slots with slow lines...
-    while stack.sim.app.stats_dict()["batch"]["concurrent"] < 2:
-        await asyncio.sleep(0.05)
+    await poll_until(
+        lambda: stack.sim.app.stats_dict()["batch"]["concurrent"],
+        lambda c: c >= 2,
+        timeout=120,
+        what="both worker slots busy at the upstream",
+        interval=0.05,
+    )
     # ...so a second workspace's batch gets an allotment its lines cannot start on.
     second = await submit(stack, 10, key="sk-test-beta", prefix="b")
     client = stack.client("sk-test-beta")
     reasons: set[str | None] = set()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "Gateway batch workers busy" not in reasons:
+
+    async def allotted_reasons() -> dict[str, Any]:
         b = await client.batches.retrieve(second)
-        ext = (b.model_extra or {})["backfill"]
-        reasons |= {r["reason"] for r in ext["routes"] if r["allotment"] > 0}
-        await asyncio.sleep(0.1)
-    assert "Gateway batch workers busy" in reasons, reasons
+        ext: dict[str, Any] = (b.model_extra or {})["backfill"]
+        reasons.update(r["reason"] for r in ext["routes"] if r["allotment"] > 0)
+        return ext
+
+    ext = await poll_until(
+        allotted_reasons,
+        lambda _: "Gateway batch workers busy" in reasons,
+        timeout=60,
+        what="an allotted line shown as 'Gateway batch workers busy'",
+    )
     assert ext["summary"] == "Queued — waiting for capacity"
     for batch_id, key in ((first, "sk-test-alpha"), (second, "sk-test-beta")):
         await stack.client(key).batches.cancel(batch_id)
