@@ -29,6 +29,8 @@ class ChaosReport:
     duplicated: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     upstream_requests: int = 0
+    in_flight_at_kills: list[int] = field(default_factory=list)
+    """The batch's requests open at the upstream the moment each worker was killed."""
 
 
 def _completed(batch: Any) -> int:
@@ -75,6 +77,9 @@ async def run_chaos(
             await _wait_progress(client, batch_id, at, within=step_timeout)
             report.events.append(f"{action} at {at} lines, t={time.monotonic() - t0:.1f}s")
             if action == "kill":
+                report.in_flight_at_kills.append(
+                    int(stack.sim.app.stats_dict()["batch"]["concurrent"])
+                )
                 stack.workers[-1].kill()
                 stack.start_worker()
             elif action == "api":
@@ -111,7 +116,7 @@ async def run_chaos(
         report.missing = sorted(expected - counts.keys())
         report.duplicated = sorted(c for c, n in counts.items() if n > 1)
         stats: dict[str, Any] = stack.sim.app.stats_dict()
-        report.upstream_requests = int(stats["batch"]["requests_total"])
+        report.upstream_requests = int(stats["batch"]["by_batch"].get(batch_id, 0))
         return report
     finally:
         await stack.stop()

@@ -57,6 +57,7 @@ class Stack:
         limits: dict[str, Any] | None = None,
         reconcile_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        sim_per_route: bool = False,
     ) -> None:
         self.tmp = tmp
         self.temporal_address = temporal_address
@@ -65,6 +66,14 @@ class Stack:
         self.suffix = secrets.token_hex(4)
         self.route_id = f"sim-{self.suffix}"
         self.routes = [self.route_id] + [f"sim{i}-{self.suffix}" for i in range(extra_routes)]
+        # With sim_per_route, each route has its own simulator (same config), so each route's
+        # traffic is measured at its own upstream; otherwise all routes share `sim`.
+        self.route_sims = {
+            route: SimServer((sim or SimConfig(model_names=[], latency_ms=5)).model_copy())
+            if sim_per_route and i
+            else self.sim
+            for i, route in enumerate(self.routes)
+        }
         self.task_queue = f"tq-{self.suffix}"
         self.api_port = free_port()
         self.limits = limits or {}
@@ -74,6 +83,11 @@ class Stack:
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
         self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
+
+    @property
+    def sims(self) -> list[SimServer]:
+        """Every simulator of this stack, each once."""
+        return list({id(s): s for s in self.route_sims.values()}.values())
 
     @property
     def api_url(self) -> str:
@@ -98,7 +112,7 @@ class Stack:
             lines += [
                 "[[models.routes]]",
                 f'id = "{route}"',
-                f'base_url = "{self.sim.base_url}"',
+                f'base_url = "{self.route_sims[route].base_url}"',
                 f"max_concurrent_lines = {self.cap}",
             ]
         for key, (ws, role) in KEYS.items():
@@ -108,7 +122,8 @@ class Stack:
         self.config_path.write_text("\n".join(lines) + "\n")
 
     async def start(self, workers: int = 1) -> Stack:
-        await self.sim.start()
+        for sim in self.sims:
+            await sim.start()
         self._write_config()
         for _ in range(workers):
             self.start_worker()
@@ -161,7 +176,8 @@ class Stack:
         finally:
             for child in [self.api, *self.workers]:
                 await asyncio.to_thread(child.stop)
-            await self.sim.stop()
+            for sim in self.sims:
+                await sim.stop()
 
     async def end_batches(self, within: float = 90) -> None:
         """Cancel the stack's running batches and wait until they ended (terminating what did

@@ -23,6 +23,7 @@ async def two_routes(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # typ
         cap=4,
         extra_routes=1,
         sim=SimConfig(model_names=[], latency_ms=100),
+        sim_per_route=True,  # each route's concurrency is measured at its own upstream
     )
     async with s.running():
         yield s
@@ -59,7 +60,14 @@ async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack
     assert totals[fast] > 10 and totals[slow] > 10 and totals[fast] + totals[slow] == 60
     for r in (b.model_extra or {})["backfill"]["routes"]:
         assert r["finished_lines"] == r["total_lines"]
-    # The slow route's cap of 1 held; the other route used its own four slots meanwhile.
+    # Measured at each route's own upstream: the slow route's cap of 1 held, the other route
+    # used more than one of its own four slots meanwhile, and each upstream got its own lines.
+    upstream = {r: stack.route_sims[r].app.stats_dict()["batch"] for r in (fast, slow)}
+    assert upstream[slow]["peak_concurrent"] == 1, upstream
+    assert 1 < upstream[fast]["peak_concurrent"] <= 4, upstream
+    for r in (fast, slow):
+        assert upstream[r]["by_batch"][batch_id] >= totals[r], (r, upstream)
+    # The batch's own report agrees.
     assert peak[slow] == 1 and peak[fast] > 1
     ids, errors = await output_ids(client, b)
     assert ids == input_ids("two", 60) and errors == []
