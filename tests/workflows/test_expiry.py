@@ -176,9 +176,11 @@ async def test_batch_expires_with_partial_results(
         assert e["response"] is None
         assert e["error"] == {"code": "batch_expired", "message": END_MESSAGES["batch_expired"]}
     assert batch.usage.total_tokens == 0  # never-run lines cost nothing
-    if os.environ.get("BACKFILL_RECORD_HISTORIES") and window == "24h":
+    save_as = os.environ.get("BACKFILL_RECORD_HISTORIES")  # set by record_histories.py
+    if save_as and window == "24h":
         history = await handle.fetch_history()
-        (Path(__file__).parent / "histories" / "batch_expired.json").write_text(history.to_json())
+        with (Path(__file__).parent / "histories" / save_as).open("x") as f:  # never overwrite
+            f.write(history.to_json())
 
 
 async def test_lines_waiting_days_for_a_slot_expire_exactly_at_expires_at(
