@@ -88,6 +88,9 @@ class SimConfig(BaseModel):
     seed: int = 0
     embedding_dim: int = Field(default=16, ge=1, le=8192)
     faults: list[SimFault] = Field(default_factory=list)
+    api_key: str | None = None
+    """When set, inference requests without `Authorization: Bearer <api_key>` get a 401 (as a
+    server started with `vllm serve --api-key` answers)."""
 
     @property
     def metrics_model_name(self) -> str:
@@ -428,6 +431,9 @@ class SimApp:
             req = _parse(path, await _read_body(receive))
         except _BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
+        key = self.config.api_key
+        if key is not None and headers.get(b"authorization") != b"Bearer " + key.encode():
+            return await _send_json(send, 401, _error_body(401, "Invalid API key"), hdrs)
         if self._models and req.model not in self._models:
             msg = f"The model `{req.model}` does not exist."
             return await _send_json(send, 404, _error_body(404, msg, "model"), hdrs)

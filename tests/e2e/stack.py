@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ KEYS = {
     "sk-test-beta": ("beta", "member"),
     "sk-test-gamma": ("gamma", "member"),
     "sk-test-admin": ("ops", "platform_admin"),
+    "sk-test-auditor": ("audit", "auditor"),
 }
 
 
@@ -58,6 +60,7 @@ class Stack:
         reconcile_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
         sim_per_route: bool = False,
+        route_extra: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = tmp
         self.temporal_address = temporal_address
@@ -82,6 +85,8 @@ class Stack:
         self.workers: list[Child] = []
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
+        self.route_extra = route_extra or {}
+        """More keys of every route's config table (e.g. api_key_env)."""
         self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
 
     @property
@@ -105,7 +110,8 @@ class Stack:
             **self.extra_env,
         }
 
-    def _write_config(self) -> None:
+    def write_config(self) -> None:
+        """(Re)write the config file from routes, cap, limits and keys (read at process start)."""
         lines = ["[limits]"] + [f"{k} = {v!r}" for k, v in self.limits.items()]
         lines += ["[[models]]", 'id = "demo"']
         for route in self.routes:
@@ -115,6 +121,7 @@ class Stack:
                 f'base_url = "{self.route_sims[route].base_url}"',
                 f"max_concurrent_lines = {self.cap}",
             ]
+            lines += [f"{k} = {json.dumps(v)}" for k, v in self.route_extra.items()]
         for key, (ws, role) in KEYS.items():
             lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"']
             lines += [f'workspace = "{self.workspaces[ws]}"']
@@ -124,7 +131,7 @@ class Stack:
     async def start(self, workers: int = 1) -> Stack:
         for sim in self.sims:
             await sim.start()
-        self._write_config()
+        self.write_config()
         for _ in range(workers):
             self.start_worker()
         self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
@@ -212,7 +219,7 @@ class Stack:
             for batch_id in await still_running():
                 with contextlib.suppress(RPCError):
                     await temporal.get_workflow_handle(batch_id).terminate("test stack stopped")
-        for route in self.routes:
+        for route in self.route_sims:  # every route it had, also those since removed
             with contextlib.suppress(RPCError):  # never started, or already ended
                 await temporal.get_workflow_handle(scheduler_workflow_id(route)).terminate(
                     "test stack stopped"
@@ -233,8 +240,6 @@ async def output_ids(
     client: openai.AsyncOpenAI, batch: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """custom_ids of the output file, and the error file's records."""
-    import json
-
     ids: list[str] = []
     errors: list[dict[str, Any]] = []
     if batch.output_file_id:
@@ -246,25 +251,31 @@ async def output_ids(
     return ids, errors
 
 
-def jsonl(n: int, *, prefix: str = "req", model: str = "demo", **body: Any) -> bytes:
-    import json
+ENDPOINT_BODIES: dict[str, Callable[[int], dict[str, Any]]] = {
+    "/v1/chat/completions": lambda i: {"messages": [{"role": "user", "content": f"hello {i}"}]},
+    "/v1/completions": lambda i: {"prompt": f"hello {i}", "max_tokens": 8},
+    "/v1/embeddings": lambda i: {"input": f"hello {i}"},
+}
 
+
+def jsonl(
+    n: int,
+    *,
+    prefix: str = "req",
+    model: str = "demo",
+    endpoint: str = "/v1/chat/completions",
+    **body: Any,
+) -> bytes:
+    """An n-line batch input file for `endpoint`, custom_ids `<prefix>-<i>`."""
     out = []
     for i in range(n):
-        out.append(
-            json.dumps(
-                {
-                    "custom_id": f"{prefix}-{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {
-                        "model": model,
-                        "messages": [{"role": "user", "content": f"hello {i}"}],
-                        **body,
-                    },
-                }
-            )
-        )
+        line = {
+            "custom_id": f"{prefix}-{i}",
+            "method": "POST",
+            "url": endpoint,
+            "body": {"model": model, **ENDPOINT_BODIES[endpoint](i), **body},
+        }
+        out.append(json.dumps(line))
     return ("\n".join(out) + "\n").encode()
 
 

@@ -483,3 +483,13 @@ async def test_main_serves_until_sigterm() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_api_key_is_required_when_configured() -> None:
+    async with SimServer(SimConfig(latency_ms=0, api_key="sk-up")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
+            assert (await c.post(CHAT, json=chat_body())).status_code == 401
+            bad = {"Authorization": "Bearer sk-other"}
+            assert (await c.post(CHAT, json=chat_body(), headers=bad)).status_code == 401
+            good = {"Authorization": "Bearer sk-up"}
+            assert (await c.post(CHAT, json=chat_body(), headers=good)).status_code == 200
