@@ -39,7 +39,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 class Harness:
-    def __init__(self, env: WorkflowEnvironment, tmp: Path) -> None:
+    def __init__(
+        self, env: WorkflowEnvironment, tmp: Path, base_url: str = "http://127.0.0.1:9/v1"
+    ) -> None:
         self.env = env
         self.client: Client = env.client
         self.route = f"r-{uuid.uuid4().hex[:6]}"
@@ -53,7 +55,7 @@ class Harness:
                     "routes": [
                         {
                             "id": self.route,
-                            "base_url": "http://127.0.0.1:9/v1",
+                            "base_url": base_url,
                             "max_concurrent_lines": 1,
                         }
                     ],
