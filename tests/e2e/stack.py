@@ -293,6 +293,40 @@ async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, within: float
     )
 
 
+async def watch_until_terminal(
+    client: openai.AsyncOpenAI,
+    batch_id: str,
+    on_sample: Callable[[Any], None],
+    within: float = 300,
+    interval: float = 0.1,
+) -> Any:
+    """Like wait_terminal, calling `on_sample(batch)` with every batch read on the way."""
+
+    async def sample() -> Any:
+        b = await client.batches.retrieve(batch_id)
+        on_sample(b)
+        return b
+
+    return await poll_until(
+        sample,
+        lambda b: b.status in TERMINAL,
+        timeout=within,
+        what=f"batch {batch_id} to reach a terminal status",
+        interval=interval,
+    )
+
+
+async def wait_in_flight(stack: Stack, at_least: int, within: float = 120) -> None:
+    """Until the stack's simulator has at least this many batch requests open at once."""
+    await poll_until(
+        lambda: stack.sim.app.stats_dict()["batch"]["concurrent"],
+        lambda c: c >= at_least,
+        timeout=within,
+        what=f"{at_least} batch requests in flight at the upstream",
+        interval=0.05,
+    )
+
+
 def input_ids(prefix: str, n: int) -> list[str]:
     """The custom_ids of `jsonl(n, prefix=prefix)`, in input order."""
     return [f"{prefix}-{i}" for i in range(n)]

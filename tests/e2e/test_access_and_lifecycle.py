@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import httpx
-import pytest_asyncio
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from backfill import search_attributes as sa
 from backfill.ids import new_batch_id
+from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import (
     Stack,
     assert_error,
@@ -30,14 +27,6 @@ from tests.workflows.events import activity_names
 from workflows.batch import BatchInput, BatchWorkflow
 
 ALPHA, BETA, ADMIN, AUDITOR = "sk-test-alpha", "sk-test-beta", "sk-test-admin", "sk-test-auditor"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def idle_stack(tmp_path: Path, dev_server: Any) -> AsyncIterator[Stack]:
-    """A stack whose worker is started by the test (none at first)."""
-    s = Stack(tmp_path, dev_server.address)
-    async with s.running(workers=0):
-        yield s
 
 
 async def test_management_api_roles(stack: Stack) -> None:
@@ -96,10 +85,10 @@ async def test_pause_resume_cancel_of_another_workspaces_batch_is_404(stack: Sta
     assert done.model_extra and done.model_extra["backfill"]["paused_by"] is None
 
 
-async def test_listing_with_no_worker_running(idle_stack: Stack) -> None:
+async def test_listing_with_no_worker_running(make_stack: MakeStack) -> None:
     """Finished batches list from their results, unfinished ones from their search attributes
     (no worker answers their queries): the page is whole, never an error."""
-    stack = idle_stack
+    stack = await make_stack(workers=0)
     client = stack.client()
     stack.start_worker()
     finished = await submit(stack, 2, prefix="fin")
@@ -130,11 +119,11 @@ async def test_listing_with_no_worker_running(idle_stack: Stack) -> None:
     assert [b.id for b in again.data] == [paused, finished]
 
 
-async def test_cancel_while_validating(idle_stack: Stack, temporal_client: Client) -> None:
+async def test_cancel_while_validating(make_stack: MakeStack, temporal_client: Client) -> None:
     """The cancel (the operator's signal, `temporal workflow signal --name cancel`) reaches the
     batch before its validation ends, since no worker has picked it up yet: it ends cancelled,
     and not one line is sent."""
-    stack = idle_stack
+    stack = await make_stack(workers=0)
     batch_id = await submit(stack, 20, prefix="vcx")
     handle = temporal_client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     await handle.signal(BatchWorkflow.cancel)

@@ -422,15 +422,3 @@ async def test_invalid_inputs_fail_the_batch_and_send_nothing(stack: Stack) -> N
         ("url_mismatch", 4),
     ]
     assert time.time() - raw["failed_at"] < 120
-
-
-# ---- health and metrics ------------------------------------------------------------------------
-
-
-async def test_healthz_and_metrics(http: httpx.AsyncClient) -> None:
-    resp = await http.get("/healthz")
-    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
-    resp = await http.get("/metrics")
-    assert resp.status_code == 200
-    assert resp.headers["content-type"].startswith("text/plain")
-    assert "# TYPE " in resp.text

@@ -7,8 +7,7 @@ import json
 from openai.types import Batch as SDKBatch
 from openai.types.chat import ChatCompletion
 
-from tests.e2e.stack import TERMINAL, Stack, input_ids, jsonl
-from tests.polling import poll_until
+from tests.e2e.stack import Stack, input_ids, jsonl, watch_until_terminal
 
 
 async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
@@ -25,20 +24,12 @@ async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
     assert batch.status == "validating"
     seen_progress = set()
 
-    async def progress() -> SDKBatch:
-        b = await client.batches.retrieve(batch.id)
+    def progress(b: SDKBatch) -> None:
         assert isinstance(b, SDKBatch)
         if b.request_counts:
             seen_progress.add(b.request_counts.completed)
-        return b
 
-    b = await poll_until(
-        progress,
-        lambda b: b.status in TERMINAL,
-        timeout=300,
-        what=f"batch {batch.id} to finish",
-        interval=0.2,
-    )
+    b = await watch_until_terminal(client, batch.id, progress, interval=0.2)
     assert b.status == "completed", b
     assert b.request_counts and b.request_counts.total == n
     assert b.request_counts.completed == n and b.request_counts.failed == 0

@@ -3,34 +3,22 @@ own scheduler and cap; a full route never spills onto the other."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest_asyncio
 
 from backfill.sim import SimConfig
-from tests.e2e.stack import TERMINAL, Stack, input_ids, output_ids, submit
-from tests.polling import poll_until
+from tests.e2e.conftest import MakeStack
+from tests.e2e.stack import input_ids, output_ids, submit, watch_until_terminal
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def two_routes(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
-    s = Stack(
-        tmp_path,
-        dev_server.address,
+async def test_each_route_runs_its_own_lines_under_its_own_cap(make_stack: MakeStack) -> None:
+    stack = await make_stack(
         cap=4,
         extra_routes=1,
         sim=SimConfig(model_names=[], latency_ms=100),
         sim_per_route=True,  # each route's concurrency is measured at its own upstream
     )
-    async with s.running():
-        yield s
-
-
-async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack) -> None:
-    stack = two_routes
     fast, slow = stack.routes
     admin = {"Authorization": "Bearer sk-test-admin"}
     async with httpx.AsyncClient(headers=admin) as http:
@@ -41,20 +29,12 @@ async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack
     peak: dict[str, int] = {fast: 0, slow: 0}
     totals: dict[str, int] = {}
 
-    async def sample() -> Any:
-        b = await client.batches.retrieve(batch_id)
+    def sample(b: Any) -> None:
         for r in (b.model_extra or {})["backfill"]["routes"]:
             peak[r["route"]] = max(peak[r["route"]], r["running_lines"])
             totals[r["route"]] = r["total_lines"]
-        return b
 
-    b = await poll_until(
-        sample,
-        lambda b: b.status in TERMINAL,
-        timeout=240,
-        what=f"batch {batch_id} to finish",
-        interval=0.05,
-    )
+    b = await watch_until_terminal(client, batch_id, sample, within=240, interval=0.05)
     assert b.status == "completed"
     # Lines were split between both routes at validation (weights 1:1) and stayed there.
     assert totals[fast] > 10 and totals[slow] > 10 and totals[fast] + totals[slow] == 60

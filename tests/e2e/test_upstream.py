@@ -18,6 +18,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from temporalio.client import Client
 
 from backfill.sim import SimConfig
+from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import (
     Stack,
     assert_input_order,
@@ -148,23 +149,20 @@ async def test_completions_and_embeddings_endpoints(stack: Stack) -> None:
             model.model_validate(r["response"]["body"])
 
 
-async def test_api_key_env_header_reaches_the_upstream(tmp_path: Path, dev_server: Any) -> None:
+async def test_api_key_env_header_reaches_the_upstream(make_stack: MakeStack) -> None:
     """The route's `api_key_env` names an environment variable of the worker; its value goes
     upstream as `Authorization: Bearer ...`. The simulator answers 401 without it."""
     secret = "sk-upstream-" + "x" * 8
-    s = Stack(
-        tmp_path,
-        dev_server.address,
+    s = await make_stack(
         sim=SimConfig(model_names=[], latency_ms=5, api_key=secret),
         route_extra={"api_key_env": "BACKFILL_TEST_UPSTREAM_KEY"},
         extra_env={"BACKFILL_TEST_UPSTREAM_KEY": secret},
     )
-    async with s.running():
-        batch_id = await submit(s, 3, prefix="key")
-        b = await wait_terminal(s.client(), batch_id, within=120)
-        assert b.status == "completed" and b.request_counts.completed == 3, b
-        stats = s.sim.app.stats_dict()
-        assert stats["responses_by_status"] == {"200": 3}, stats
+    batch_id = await submit(s, 3, prefix="key")
+    b = await wait_terminal(s.client(), batch_id, within=120)
+    assert b.status == "completed" and b.request_counts.completed == 3, b
+    stats = s.sim.app.stats_dict()
+    assert stats["responses_by_status"] == {"200": 3}, stats
 
 
 async def test_route_removed_while_its_lines_wait(tmp_path: Path, dev_server: Any) -> None:
