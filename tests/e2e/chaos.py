@@ -14,7 +14,14 @@ import openai
 
 from backfill.dev.devserver import DevServer, free_port
 from backfill.sim import SimConfig
-from tests.e2e.stack import TERMINAL, Stack, output_ids, submit, wait_terminal
+from tests.e2e.stack import (
+    TERMINAL,
+    Stack,
+    output_ids,
+    submit,
+    wait_in_flight,
+    wait_terminal,
+)
 from tests.polling import poll_until
 
 
@@ -77,6 +84,9 @@ async def run_chaos(
             await _wait_progress(client, batch_id, at, within=step_timeout)
             report.events.append(f"{action} at {at} lines, t={time.monotonic() - t0:.1f}s")
             if action == "kill":
+                # Kill while lines are open at the upstream (not in a lull between them), so
+                # the kill really loses running lines.
+                await wait_in_flight(stack, 1, within=step_timeout)
                 report.in_flight_at_kills.append(
                     int(stack.sim.app.stats_dict()["batch"]["concurrent"])
                 )
