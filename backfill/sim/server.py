@@ -89,6 +89,9 @@ class SimConfig(BaseModel):
     embedding_dim: int = Field(default=16, ge=1, le=8192)
     stream_token_delay_ms: float = Field(default=0.0, ge=0)  # pause before each streamed event
     faults: list[SimFault] = Field(default_factory=list)
+    api_key: str | None = None
+    """When set, inference requests without `Authorization: Bearer <api_key>` get a 401 (as a
+    server started with `vllm serve --api-key` answers)."""
 
     @property
     def metrics_model_name(self) -> str:
@@ -443,6 +446,9 @@ class SimApp:
         except _BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
         self._see(path, headers, req)
+        key = self.config.api_key
+        if key is not None and headers.get(b"authorization") != b"Bearer " + key.encode():
+            return await _send_json(send, 401, _error_body(401, "Invalid API key"), hdrs)
         if self._models and req.model not in self._models:
             msg = f"The model `{req.model}` does not exist."
             return await _send_json(send, 404, _error_body(404, msg, "model"), hdrs)

@@ -14,7 +14,15 @@ import openai
 
 from backfill.dev.devserver import DevServer, free_port
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit
+from tests.e2e.stack import (
+    TERMINAL,
+    Stack,
+    output_ids,
+    submit,
+    wait_in_flight,
+    wait_terminal,
+)
+from tests.polling import poll_until
 
 
 @dataclass
@@ -28,22 +36,36 @@ class ChaosReport:
     duplicated: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     upstream_requests: int = 0
+    in_flight_at_kills: list[int] = field(default_factory=list)
+    """The batch's requests open at the upstream the moment each worker was killed."""
 
 
-async def _completed(client: openai.AsyncOpenAI, batch_id: str) -> tuple[str, int]:
-    try:
-        b = await client.batches.retrieve(batch_id)
-    except openai.APIError:
-        return "unknown", -1  # the api or Temporal is restarting
-    return b.status, b.request_counts.completed if b.request_counts else 0
+def _completed(batch: Any) -> int:
+    return batch.request_counts.completed if batch.request_counts else 0
 
 
-async def _wait_progress(client: openai.AsyncOpenAI, batch_id: str, at_least: int) -> None:
-    while (await _completed(client, batch_id))[1] < at_least:
-        await asyncio.sleep(0.2)
+async def _wait_progress(
+    client: openai.AsyncOpenAI, batch_id: str, at_least: int, within: float
+) -> Any:
+    """Every restart in this run is awaited (healthy again) before the next poll, so an API
+    error here is a real failure, not a restart in progress."""
+    return await poll_until(
+        lambda: client.batches.retrieve(batch_id),
+        lambda b: _completed(b) >= at_least or b.status in TERMINAL,
+        timeout=within,
+        what=f"batch {batch_id} to complete {at_least} lines",
+        interval=0.2,
+    )
 
 
-async def run_chaos(tmp: Path, lines: int, *, cap: int = 8, latency_ms: float = 10) -> ChaosReport:
+async def run_chaos(
+    tmp: Path,
+    lines: int,
+    *,
+    cap: int = 8,
+    latency_ms: float = 10,
+    step_timeout: float = 180,
+) -> ChaosReport:
     report = ChaosReport(lines=lines)
     server = DevServer(tmp / "temporal", port=free_port(), ui_port=None)
     server.start()
@@ -59,9 +81,15 @@ async def run_chaos(tmp: Path, lines: int, *, cap: int = 8, latency_ms: float = 
         steps = [lines * k // 7 for k in range(1, 6)]
         actions = ["kill", "api", "kill", "temporal", "kill"]
         for at, action in zip(steps, actions, strict=True):
-            await _wait_progress(client, batch_id, at)
+            await _wait_progress(client, batch_id, at, within=step_timeout)
             report.events.append(f"{action} at {at} lines, t={time.monotonic() - t0:.1f}s")
             if action == "kill":
+                # Kill while lines are open at the upstream (not in a lull between them), so
+                # the kill really loses running lines.
+                await wait_in_flight(stack, 1, within=step_timeout)
+                report.in_flight_at_kills.append(
+                    int(stack.sim.app.stats_dict()["batch"]["concurrent"])
+                )
                 stack.workers[-1].kill()
                 stack.start_worker()
             elif action == "api":
@@ -73,13 +101,16 @@ async def run_chaos(tmp: Path, lines: int, *, cap: int = 8, latency_ms: float = 
                 server.start()
                 await server.wait_ready_async(timeout=60)
                 await stack.wait_healthy()
-        while (await _completed(client, batch_id))[0] not in (
-            "completed",
-            "failed",
-            "expired",
-            "cancelled",
-        ):
-            await asyncio.sleep(0.5)
+            if action != "kill":
+                # Back after a restart: the batch answers again (errors only while restarting).
+                await poll_until(
+                    lambda: client.batches.retrieve(batch_id),
+                    timeout=60,
+                    what=f"batch {batch_id} readable after the {action} restart",
+                    interval=0.5,
+                    ignore=(openai.APIError,),
+                )
+        await wait_terminal(client, batch_id, within=step_timeout * 3)
         report.seconds = time.monotonic() - t0
         batch = await client.batches.retrieve(batch_id)
         report.status = batch.status
@@ -95,7 +126,7 @@ async def run_chaos(tmp: Path, lines: int, *, cap: int = 8, latency_ms: float = 
         report.missing = sorted(expected - counts.keys())
         report.duplicated = sorted(c for c, n in counts.items() if n > 1)
         stats: dict[str, Any] = stack.sim.app.stats_dict()
-        report.upstream_requests = int(stats["batch"]["requests_total"])
+        report.upstream_requests = int(stats["batch"]["by_batch"].get(batch_id, 0))
         return report
     finally:
         await stack.stop()

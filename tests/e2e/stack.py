@@ -1,23 +1,41 @@
 """The real stack for e2e tests: the session's dev server, the simulator, and the worker and api
 as separate processes (`python -m backfill worker|api`), each test with its own task queue,
-routes, data directory and ports."""
+routes, data directory, ports and workspaces.
+
+Stacks share one dev server and namespace, so everything that lives there is the stack's own:
+routes and task queue carry a random suffix, and so do the workspaces (`alpha-<suffix>`), which
+is what batch listings filter by. A test may therefore count on a workspace holding exactly the
+batches it made, whatever ran before it. The api keys (`sk-test-alpha`, ...) are read by each
+stack's own api from its own config, so they never meet another stack's.
+
+`stop()` ends the stack's batches first (cancel, then wait; terminate what does not end) and
+terminates its route schedulers, so nothing a test started keeps running into the next one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import secrets
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from backfill.config import hash_key
+from backfill.dev.devserver import connect_client
 from backfill.dev.procs import Child, backfill_argv, free_port
+from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig, SimServer
+from tests.polling import PollTimeout, poll_until
+from workflows.batch import BatchWorkflow
+
+log = logging.getLogger(__name__)
 
 API_KEY = "sk-test-alpha"
 KEYS = {
@@ -25,6 +43,7 @@ KEYS = {
     "sk-test-beta": ("beta", "member"),
     "sk-test-gamma": ("gamma", "member"),
     "sk-test-admin": ("ops", "platform_admin"),
+    "sk-test-auditor": ("audit", "auditor"),
 }
 
 
@@ -41,6 +60,8 @@ class Stack:
         reconcile_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
         upstream_key: str | None = None,
+        sim_per_route: bool = False,
+        route_extra: dict[str, Any] | None = None,
     ) -> None:
         """`upstream_key`: the routes' credential (through `api_key_env`), else none."""
         self.tmp = tmp
@@ -50,6 +71,14 @@ class Stack:
         self.suffix = secrets.token_hex(4)
         self.route_id = f"sim-{self.suffix}"
         self.routes = [self.route_id] + [f"sim{i}-{self.suffix}" for i in range(extra_routes)]
+        # With sim_per_route, each route has its own simulator (same config), so each route's
+        # traffic is measured at its own upstream; otherwise all routes share `sim`.
+        self.route_sims = {
+            route: SimServer((sim or SimConfig(model_names=[], latency_ms=5)).model_copy())
+            if sim_per_route and i
+            else self.sim
+            for i, route in enumerate(self.routes)
+        }
         self.task_queue = f"tq-{self.suffix}"
         self.api_port = free_port()
         self.limits = limits or {}
@@ -63,6 +92,14 @@ class Stack:
         self.workers: list[Child] = []
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
+        self.route_extra = route_extra or {}
+        """More keys of every route's config table (e.g. api_key_env)."""
+        self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
+
+    @property
+    def sims(self) -> list[SimServer]:
+        """Every simulator of this stack, each once."""
+        return list({id(s): s for s in self.route_sims.values()}.values())
 
     @property
     def api_url(self) -> str:
@@ -82,26 +119,30 @@ class Stack:
             **self.extra_env,
         }
 
-    def _write_config(self) -> None:
+    def write_config(self) -> None:
+        """(Re)write the config file from routes, cap, limits and keys (read at process start)."""
         lines = ["[limits]"] + [f"{k} = {v!r}" for k, v in self.limits.items()]
         lines += ["[[models]]", 'id = "demo"']
         for route in self.routes:
             lines += [
                 "[[models.routes]]",
                 f'id = "{route}"',
-                f'base_url = "{self.sim.base_url}"',
+                f'base_url = "{self.route_sims[route].base_url}"',
                 f"max_concurrent_lines = {self.cap}",
             ]
             if self.upstream_key_env:
                 lines.append(f'api_key_env = "{self.upstream_key_env}"')
+            lines += [f"{k} = {json.dumps(v)}" for k, v in self.route_extra.items()]
         for key, (ws, role) in KEYS.items():
-            lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"', f'workspace = "{ws}"']
+            lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"']
+            lines += [f'workspace = "{self.workspaces[ws]}"']
             lines += [f'role = "{role}"', f'name = "{ws}-key"']
         self.config_path.write_text("\n".join(lines) + "\n")
 
     async def start(self, workers: int = 1) -> Stack:
-        await self.sim.start()
-        self._write_config()
+        for sim in self.sims:
+            await sim.start()
+        self.write_config()
         for _ in range(workers):
             self.start_worker()
         self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
@@ -123,20 +164,24 @@ class Stack:
         return child
 
     async def wait_healthy(self, within: float = 60, *, temporal: bool = True) -> None:
-        """Until /healthz answers, and (unless `temporal` is False) says Temporal is connected."""
-        deadline = time.monotonic() + within
-        async with httpx.AsyncClient() as http:
-            while time.monotonic() < deadline:
+        """Until /healthz answers 200 and (unless `temporal` is False) says Temporal is
+        connected."""
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def healthy() -> bool:
                 if not self.api.running:
                     raise RuntimeError(f"api exited: {self._log('api')}")
-                try:
-                    resp = await http.get(f"{self.api_url}/healthz")
-                    if resp.status_code == 200 and (not temporal or resp.json()["status"] == "ok"):
-                        return
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.2)
-        raise TimeoutError("api never became healthy")
+                resp = await http.get(f"{self.api_url}/healthz")
+                return resp.status_code == 200 and (not temporal or resp.json()["status"] == "ok")
+
+            await poll_until(
+                healthy,
+                timeout=within,
+                what=f"{self.api_url}/healthz to answer 200"
+                + (" with Temporal connected" if temporal else ""),
+                interval=0.2,
+                ignore=(httpx.HTTPError,),
+            )
 
     def _log(self, name: str) -> str:
         path = self.tmp / f"{name}.log"
@@ -146,9 +191,53 @@ class Stack:
         return openai.AsyncOpenAI(api_key=key, base_url=f"{self.api_url}/v1", max_retries=0)
 
     async def stop(self) -> None:
-        for child in [self.api, *self.workers]:
-            await asyncio.to_thread(child.stop)
-        await self.sim.stop()
+        try:
+            if any(w.running for w in self.workers):
+                await self.end_batches()
+        finally:
+            for child in [self.api, *self.workers]:
+                await asyncio.to_thread(child.stop)
+            for sim in self.sims:
+                await sim.stop()
+
+    async def end_batches(self, within: float = 90) -> None:
+        """Cancel the stack's running batches and wait until they ended (terminating what did
+        not end in time), then terminate its route schedulers, which never end by themselves."""
+        temporal = await connect_client(self.temporal_address)
+        query = f"TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
+        running = [ex async for ex in temporal.list_workflows(query)]
+        batches = [ex.id for ex in running if ex.workflow_type == "BatchWorkflow"]
+        for batch_id in batches:
+            handle = temporal.get_workflow_handle_for(BatchWorkflow.run, batch_id)
+            with contextlib.suppress(RPCError):  # it may have ended meanwhile
+                await handle.signal(BatchWorkflow.cancel)
+
+        async def still_running() -> list[str]:
+            left = []
+            for batch_id in batches:
+                desc = await temporal.get_workflow_handle(batch_id).describe()
+                if desc.status == WorkflowExecutionStatus.RUNNING:
+                    left.append(batch_id)
+            return left
+
+        try:
+            await poll_until(
+                still_running,
+                lambda left: not left,
+                timeout=within,
+                what=f"the cancelled batches of stack {self.suffix} to end",
+                interval=0.25,
+            )
+        except PollTimeout as err:
+            log.warning("terminating batches that did not end: %s", err)
+            for batch_id in await still_running():
+                with contextlib.suppress(RPCError):
+                    await temporal.get_workflow_handle(batch_id).terminate("test stack stopped")
+        for route in self.route_sims:  # every route it had, also those since removed
+            with contextlib.suppress(RPCError):  # never started, or already ended
+                await temporal.get_workflow_handle(scheduler_workflow_id(route)).terminate(
+                    "test stack stopped"
+                )
 
 
 async def submit(stack: Stack, n: int, *, key: str = API_KEY, prefix: str = "req") -> str:
@@ -165,8 +254,6 @@ async def output_ids(
     client: openai.AsyncOpenAI, batch: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """custom_ids of the output file, and the error file's records."""
-    import json
-
     ids: list[str] = []
     errors: list[dict[str, Any]] = []
     if batch.output_file_id:
@@ -178,37 +265,94 @@ async def output_ids(
     return ids, errors
 
 
-def jsonl(n: int, *, prefix: str = "req", model: str = "demo", **body: Any) -> bytes:
-    import json
+ENDPOINT_BODIES: dict[str, Callable[[int], dict[str, Any]]] = {
+    "/v1/chat/completions": lambda i: {"messages": [{"role": "user", "content": f"hello {i}"}]},
+    "/v1/completions": lambda i: {"prompt": f"hello {i}", "max_tokens": 8},
+    "/v1/embeddings": lambda i: {"input": f"hello {i}"},
+}
 
+
+def jsonl(
+    n: int,
+    *,
+    prefix: str = "req",
+    model: str = "demo",
+    endpoint: str = "/v1/chat/completions",
+    **body: Any,
+) -> bytes:
+    """An n-line batch input file for `endpoint`, custom_ids `<prefix>-<i>`."""
     out = []
     for i in range(n):
-        out.append(
-            json.dumps(
-                {
-                    "custom_id": f"{prefix}-{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {
-                        "model": model,
-                        "messages": [{"role": "user", "content": f"hello {i}"}],
-                        **body,
-                    },
-                }
-            )
-        )
+        line = {
+            "custom_id": f"{prefix}-{i}",
+            "method": "POST",
+            "url": endpoint,
+            "body": {"model": model, **ENDPOINT_BODIES[endpoint](i), **body},
+        }
+        out.append(json.dumps(line))
     return ("\n".join(out) + "\n").encode()
 
 
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
 async def wait_terminal(client: openai.AsyncOpenAI, batch_id: str, within: float = 300) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        batch = await client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"batch {batch_id} still {batch.status}: {batch}")
-        await asyncio.sleep(0.25)
+    """The batch once it reached a terminal status (API errors fail the wait at once)."""
+    return await poll_until(
+        lambda: client.batches.retrieve(batch_id),
+        lambda b: b.status in TERMINAL,
+        timeout=within,
+        what=f"batch {batch_id} to reach a terminal status",
+        interval=0.25,
+    )
+
+
+async def watch_until_terminal(
+    client: openai.AsyncOpenAI,
+    batch_id: str,
+    on_sample: Callable[[Any], None],
+    within: float = 300,
+    interval: float = 0.1,
+) -> Any:
+    """Like wait_terminal, calling `on_sample(batch)` with every batch read on the way."""
+
+    async def sample() -> Any:
+        b = await client.batches.retrieve(batch_id)
+        on_sample(b)
+        return b
+
+    return await poll_until(
+        sample,
+        lambda b: b.status in TERMINAL,
+        timeout=within,
+        what=f"batch {batch_id} to reach a terminal status",
+        interval=interval,
+    )
+
+
+async def wait_in_flight(stack: Stack, at_least: int, within: float = 120) -> None:
+    """Until the stack's simulator has at least this many batch requests open at once."""
+    await poll_until(
+        lambda: stack.sim.app.stats_dict()["batch"]["concurrent"],
+        lambda c: c >= at_least,
+        timeout=within,
+        what=f"{at_least} batch requests in flight at the upstream",
+        interval=0.05,
+    )
+
+
+def input_ids(prefix: str, n: int) -> list[str]:
+    """The custom_ids of `jsonl(n, prefix=prefix)`, in input order."""
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
+def assert_input_order(ids: list[str], expected: list[str]) -> None:
+    """`ids` (an output or error file's custom_ids) are distinct lines of the input, in input
+    order, as docs/batches.md promises for both files."""
+    position = {cid: i for i, cid in enumerate(expected)}
+    assert len(set(ids)) == len(ids), "a line written twice"
+    assert set(ids) <= position.keys(), set(ids) - position.keys()
+    assert [position[c] for c in ids] == sorted(position[c] for c in ids), "not in input order"
 
 
 def auth(key: str = API_KEY) -> dict[str, str]:

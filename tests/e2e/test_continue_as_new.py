@@ -15,7 +15,7 @@ import pytest_asyncio
 from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
+from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -51,7 +51,7 @@ async def test_continue_as_new_loses_nothing(can_stack: Stack) -> None:
         assert batch.status == "completed", batch
         ids, errors = await output_ids(client, batch)
         assert errors == []
-        assert sorted(ids) == sorted(f"{key[-5:]}-{i}" for i in range(sizes[key]))
+        assert ids == input_ids(key[-5:], sizes[key])
         assert batch.request_counts.completed == sizes[key]
     assert stack.sim.app.stats_dict()["batch"]["peak_concurrent"] <= 2
     temporal = await connect_client(stack.temporal_address)

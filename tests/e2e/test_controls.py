@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,9 +14,18 @@ import pytest_asyncio
 
 from backfill.dev.devserver import temporal_cli_path
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
+from tests.e2e.stack import (
+    Stack,
+    assert_input_order,
+    input_ids,
+    output_ids,
+    submit,
+    wait_terminal,
+)
+from tests.polling import poll_until
 
 AUTH = {"Authorization": "Bearer sk-test-alpha"}
+LATENCY_MS = 150
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -24,7 +34,7 @@ async def ctl_stack(tmp_path_factory, dev_server) -> AsyncIterator[Stack]:  # ty
         tmp_path_factory.mktemp("controls"),
         dev_server.address,
         cap=2,
-        sim=SimConfig(model_names=[], latency_ms=150),
+        sim=SimConfig(model_names=[], latency_ms=LATENCY_MS),
     )
     async with s.running():
         yield s
@@ -43,17 +53,22 @@ async def get(stack: Stack, batch_id: str) -> dict[str, Any]:
 
 
 async def wait_completed_at_least(stack: Stack, batch_id: str, n: int) -> None:
-    while (await get(stack, batch_id))["request_counts"]["completed"] < n:
-        await asyncio.sleep(0.1)
+    await poll_until(
+        lambda: get(stack, batch_id),
+        lambda b: b["request_counts"]["completed"] >= n,
+        timeout=120,
+        what=f"batch {batch_id} to complete {n} lines",
+    )
 
 
 async def wait_drained(stack: Stack, batch_id: str) -> dict[str, Any]:
     """Paused: wait until the lines that were running have finished."""
-    while True:
-        b = await get(stack, batch_id)
-        if all(r["running_lines"] == 0 for r in b["backfill"]["routes"]):
-            return b
-        await asyncio.sleep(0.1)
+    return await poll_until(
+        lambda: get(stack, batch_id),
+        lambda b: all(r["running_lines"] == 0 for r in b["backfill"]["routes"]),
+        timeout=120,
+        what=f"paused batch {batch_id} to have no running line",
+    )
 
 
 def in_flight(stack: Stack, batch_id: str) -> int:
@@ -79,11 +94,17 @@ async def test_pause_and_resume_through_the_api(ctl_stack: Stack) -> None:
     sent = in_flight(stack, batch_id)
     done = paused["request_counts"]["completed"]
     assert done < 30
-    # Nothing is sent while paused: the upstream count and the counters stand still while the
-    # batch's own workflow answers several times over.
-    for _ in range(10):
+    # Nothing is sent while paused: watched for ten upstream latencies (a line started after
+    # the pause would reach the simulator, or complete, well within that), the upstream count
+    # and the counters stand still while the batch's own workflow answers many times over.
+    watch_until = time.monotonic() + 10 * LATENCY_MS / 1000
+    answers = 0
+    while time.monotonic() < watch_until:
         b = await get(stack, batch_id)
         assert b["request_counts"]["completed"] == done and in_flight(stack, batch_id) == sent
+        answers += 1
+        await asyncio.sleep(0.05)
+    assert answers >= 3, answers
     r = await post(stack, batch_id, "resume")
     assert r.status_code == 200 and r.json()["backfill"]["paused"] is False
     # Resuming a batch that runs is a no-op.
@@ -92,7 +113,7 @@ async def test_pause_and_resume_through_the_api(ctl_stack: Stack) -> None:
     batch = await wait_terminal(client, batch_id, within=120)
     assert batch.status == "completed"
     ids, errors = await output_ids(client, batch)
-    assert sorted(ids) == sorted(f"pr-{i}" for i in range(30)) and errors == []
+    assert ids == input_ids("pr", 30) and errors == []
     # Pausing or resuming a finished batch is refused.
     for action in ("pause", "resume", "cancel"):
         r = await post(stack, batch_id, action)
@@ -114,7 +135,9 @@ async def test_cancel_a_paused_batch_keeps_partial_results(ctl_stack: Stack) -> 
     ids, errors = await output_ids(client, batch)
     cancelled = [e["custom_id"] for e in errors if e["error"]["code"] == "batch_cancelled"]
     assert len(ids) >= 3 and len(ids) + len(cancelled) == 25 == len(errors) + len(ids)
-    assert sorted(ids + cancelled) == sorted(f"cx-{i}" for i in range(25))
+    assert sorted(ids + cancelled) == sorted(input_ids("cx", 25))
+    assert_input_order(ids, input_ids("cx", 25))
+    assert_input_order(cancelled, input_ids("cx", 25))
     for e in errors:
         assert e["response"] is None
         assert e["error"]["message"].startswith("This request was not executed")
@@ -156,7 +179,7 @@ async def test_pause_resume_and_cancel_as_temporal_signals_from_the_cli(ctl_stac
     batch = await wait_terminal(client, batch_id, within=120)
     assert batch.status == "completed"
     ids, errors = await output_ids(client, batch)
-    assert sorted(ids) == sorted(f"cli-{i}" for i in range(20)) and errors == []
+    assert ids == input_ids("cli", 20) and errors == []
     # Cancel, also a plain signal: running lines finish, the rest become batch_cancelled.
     batch_id = await submit(stack, 30, prefix="clicx")
     await wait_completed_at_least(stack, batch_id, 2)
@@ -165,7 +188,9 @@ async def test_pause_resume_and_cancel_as_temporal_signals_from_the_cli(ctl_stac
     assert batch.status == "cancelled"
     ids, errors = await output_ids(client, batch)
     assert len(ids) >= 2 and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
-    assert sorted(ids + [e["custom_id"] for e in errors]) == sorted(f"clicx-{i}" for i in range(30))
+    assert sorted(ids + [e["custom_id"] for e in errors]) == sorted(input_ids("clicx", 30))
+    assert_input_order(ids, input_ids("clicx", 30))
+    assert_input_order([e["custom_id"] for e in errors], input_ids("clicx", 30))
 
 
 async def test_deleting_the_input_file_does_not_break_a_running_batch(ctl_stack: Stack) -> None:
@@ -179,7 +204,7 @@ async def test_deleting_the_input_file_does_not_break_a_running_batch(ctl_stack:
     batch = await wait_terminal(client, batch_id, within=120)
     assert batch.status == "completed"  # the batch runs from its own pinned copy
     ids, errors = await output_ids(client, batch)
-    assert sorted(ids) == sorted(f"del-{i}" for i in range(20)) and errors == []
+    assert ids == input_ids("del", 20) and errors == []
 
 
 async def test_temporal_workflow_cancel_keeps_partial_results(ctl_stack: Stack) -> None:
@@ -208,4 +233,6 @@ async def test_temporal_workflow_cancel_keeps_partial_results(ctl_stack: Stack) 
     assert batch.status == "cancelled" and batch.cancelled_at
     ids, errors = await output_ids(client, batch)
     assert len(ids) >= 2 and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
-    assert sorted(ids + [e["custom_id"] for e in errors]) == sorted(f"wfcx-{i}" for i in range(30))
+    assert sorted(ids + [e["custom_id"] for e in errors]) == sorted(input_ids("wfcx", 30))
+    assert_input_order(ids, input_ids("wfcx", 30))
+    assert_input_order([e["custom_id"] for e in errors], input_ids("wfcx", 30))

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest_asyncio
-
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
+from tests.e2e.conftest import MakeStack
+from tests.e2e.stack import input_ids, output_ids, submit, wait_in_flight, wait_terminal
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def slow_stack(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
-    s = Stack(tmp_path, dev_server.address, cap=4, sim=SimConfig(model_names=[], latency_ms=300))
-    async with s.running():
-        yield s
-
-
-async def test_sigkill_worker_mid_batch_completes_exactly_once(slow_stack: Stack) -> None:
-    stack = slow_stack
+async def test_sigkill_worker_mid_batch_completes_exactly_once(make_stack: MakeStack) -> None:
+    stack = await make_stack(cap=4, sim=SimConfig(model_names=[], latency_ms=300))
     client = stack.client()
     n = 60
     batch_id = await submit(stack, n)
     # Wait until lines are in flight on the upstream, then kill the worker without warning.
-    while stack.sim.app.stats_dict()["batch"]["concurrent"] < 4:
-        await asyncio.sleep(0.05)
+    await wait_in_flight(stack, 4)
     before = (await client.batches.retrieve(batch_id)).request_counts
     assert before is not None and before.completed < n
     assert stack.workers[0].kill() == -9
@@ -35,5 +22,5 @@ async def test_sigkill_worker_mid_batch_completes_exactly_once(slow_stack: Stack
     assert batch.status == "completed", batch
     ids, errors = await output_ids(client, batch)
     assert errors == []
-    assert sorted(ids) == sorted(f"req-{i}" for i in range(n))  # each exactly once
+    assert ids == input_ids("req", n)  # each exactly once, in input order
     assert batch.request_counts.completed == n and batch.request_counts.failed == 0

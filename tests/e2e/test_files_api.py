@@ -19,6 +19,7 @@ import pytest_asyncio
 from openai.types import FileDeleted, FileObject
 
 from tests.e2e.stack import Stack, assert_error, auth, jsonl
+from tests.polling import poll_until
 
 ALPHA, BETA, GAMMA, ADMIN = "sk-test-alpha", "sk-test-beta", "sk-test-gamma", "sk-test-admin"
 MiB = 1024 * 1024
@@ -150,8 +151,9 @@ async def test_list_paging_order_and_purpose_filter(stack: Stack, http: httpx.As
     # Paging with limit/after: every id once, in order, has_more/first_id/last_id right.
     seen: list[str] = []
     after: str | None = None
-    pages = []
+    pages: list[dict[str, Any]] = []
     while True:
+        assert len(pages) < 3, "paging never ended"
         params: dict[str, Any] = {"limit": 2}
         if after is not None:
             params["after"] = after
@@ -338,19 +340,25 @@ async def test_client_disconnect_mid_upload_leaves_no_temp_file(stack: Stack) ->
                 content=body(),
             )
         )
-        deadline = time.monotonic() + 20
-        while not any(p.stat().st_size > 0 for p in temp_files()):
+
+        def upload_started() -> bool:
             assert not task.done(), task.result().text
-            assert time.monotonic() < deadline, "the upload never reached the store"
-            await asyncio.sleep(0.02)
+            return any(p.stat().st_size > 0 for p in temp_files())
+
+        await poll_until(
+            upload_started, timeout=20, what="the upload to reach the store", interval=0.02
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
     # The connection is gone: the server aborts the upload and removes its temp file.
-    deadline = time.monotonic() + 20
-    while temp_files():
-        assert time.monotonic() < deadline, f"temp file left behind: {temp_files()}"
-        await asyncio.sleep(0.02)
+    await poll_until(
+        temp_files,
+        lambda left: not left,
+        timeout=20,
+        what="the aborted upload's temp file to be removed",
+        interval=0.02,
+    )
     assert stored_names(stack) == before
 
 
@@ -431,8 +439,10 @@ async def test_201_mib_upload_is_refused_while_streaming_and_leaves_nothing(
     assert not [p for p in store_dir(stack).iterdir() if p.name.startswith(".tmp-")]
     listed = (await http.get("/v1/files", headers=auth(), params={"limit": 10_000})).json()
     assert "huge.jsonl" not in {f["filename"] for f in listed["data"]}
-    # Streamed, not buffered: the api's peak memory grew by far less than the upload.
-    assert _peak_rss_bytes(stack.api.pid) - peak_before < 64 * MiB
+    # Streamed, not buffered: the api's peak memory grew by far less than the upload. Buffering
+    # would add at least 201 MiB; the limit is half of that, leaving room for the allocator and
+    # for whatever else the api did meanwhile (how little it grows is a bench figure).
+    assert _peak_rss_bytes(stack.api.pid) - peak_before < size // 2
     # The api is fine afterwards, on the same connection pool.
     ok = await http.post(
         "/v1/files",

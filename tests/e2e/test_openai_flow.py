@@ -7,7 +7,7 @@ import json
 from openai.types import Batch as SDKBatch
 from openai.types.chat import ChatCompletion
 
-from tests.e2e.stack import Stack, jsonl
+from tests.e2e.stack import Stack, input_ids, jsonl, watch_until_terminal
 
 
 async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
@@ -23,16 +23,13 @@ async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
     )
     assert batch.status == "validating"
     seen_progress = set()
-    import asyncio
 
-    while True:
-        b = await client.batches.retrieve(batch.id)
+    def progress(b: SDKBatch) -> None:
         assert isinstance(b, SDKBatch)
         if b.request_counts:
             seen_progress.add(b.request_counts.completed)
-        if b.status in ("completed", "failed", "expired", "cancelled"):
-            break
-        await asyncio.sleep(0.2)
+
+    b = await watch_until_terminal(client, batch.id, progress, interval=0.2)
     assert b.status == "completed", b
     assert b.request_counts and b.request_counts.total == n
     assert b.request_counts.completed == n and b.request_counts.failed == 0
@@ -43,6 +40,7 @@ async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
         assert getattr(b, field), field
     assert b.expires_at == b.created_at + 24 * 3600
     assert b.metadata == {"job": "e2e"}
+    assert b.output_file_id
     out = (await client.files.content(b.output_file_id)).text
     ids = []
     for line in out.splitlines():
@@ -51,7 +49,14 @@ async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
         assert rec["response"]["status_code"] == 200
         ChatCompletion.model_validate(rec["response"]["body"])
         assert rec["id"].startswith("batch_req_")
-    assert sorted(ids) == sorted(f"req-{i}" for i in range(n))
+    assert ids == input_ids("req", n)
     assert b.error_file_id is None
-    stats = stack.sim  # the simulator saw only batch traffic, never above the cap
-    assert stats is not None
+    # The upstream saw only this batch's lines (no live traffic, no other batch), every line at
+    # least once (a line is re-sent only if its activity was lost), never more at once than the
+    # route's cap, and more than one at once (the cap was used, not one line at a time).
+    stats = stack.sim.app.stats_dict()
+    assert stats["live"]["requests_total"] == 0, stats
+    assert stats["batch"]["requests_total"] == stats["requests_total"], stats
+    assert set(stats["batch"]["by_batch"]) == {b.id}, stats["batch"]["by_batch"]
+    assert stats["batch"]["by_batch"][b.id] >= n, stats["batch"]
+    assert 1 < stats["batch"]["peak_concurrent"] <= stack.cap, stats["batch"]

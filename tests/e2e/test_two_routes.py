@@ -3,32 +3,22 @@ own scheduler and cap; a full route never spills onto the other."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
+from typing import Any
 
 import httpx
-import pytest_asyncio
 
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, output_ids, submit
+from tests.e2e.conftest import MakeStack
+from tests.e2e.stack import input_ids, output_ids, submit, watch_until_terminal
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def two_routes(tmp_path: Path, dev_server) -> AsyncIterator[Stack]:  # type: ignore[no-untyped-def]
-    s = Stack(
-        tmp_path,
-        dev_server.address,
+async def test_each_route_runs_its_own_lines_under_its_own_cap(make_stack: MakeStack) -> None:
+    stack = await make_stack(
         cap=4,
         extra_routes=1,
         sim=SimConfig(model_names=[], latency_ms=100),
+        sim_per_route=True,  # each route's concurrency is measured at its own upstream
     )
-    async with s.running():
-        yield s
-
-
-async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack) -> None:
-    stack = two_routes
     fast, slow = stack.routes
     admin = {"Authorization": "Bearer sk-test-admin"}
     async with httpx.AsyncClient(headers=admin) as http:
@@ -38,20 +28,26 @@ async def test_each_route_runs_its_own_lines_under_its_own_cap(two_routes: Stack
     batch_id = await submit(stack, 60, prefix="two")
     peak: dict[str, int] = {fast: 0, slow: 0}
     totals: dict[str, int] = {}
-    while True:
-        b = await client.batches.retrieve(batch_id)
+
+    def sample(b: Any) -> None:
         for r in (b.model_extra or {})["backfill"]["routes"]:
             peak[r["route"]] = max(peak[r["route"]], r["running_lines"])
             totals[r["route"]] = r["total_lines"]
-        if b.status in ("completed", "failed", "expired", "cancelled"):
-            break
-        await asyncio.sleep(0.05)
+
+    b = await watch_until_terminal(client, batch_id, sample, within=240, interval=0.05)
     assert b.status == "completed"
     # Lines were split between both routes at validation (weights 1:1) and stayed there.
     assert totals[fast] > 10 and totals[slow] > 10 and totals[fast] + totals[slow] == 60
     for r in (b.model_extra or {})["backfill"]["routes"]:
         assert r["finished_lines"] == r["total_lines"]
-    # The slow route's cap of 1 held; the other route used its own four slots meanwhile.
+    # Measured at each route's own upstream: the slow route's cap of 1 held, the other route
+    # used more than one of its own four slots meanwhile, and each upstream got its own lines.
+    upstream = {r: stack.route_sims[r].app.stats_dict()["batch"] for r in (fast, slow)}
+    assert upstream[slow]["peak_concurrent"] == 1, upstream
+    assert 1 < upstream[fast]["peak_concurrent"] <= 4, upstream
+    for r in (fast, slow):
+        assert upstream[r]["by_batch"][batch_id] >= totals[r], (r, upstream)
+    # The batch's own report agrees.
     assert peak[slow] == 1 and peak[fast] > 1
     ids, errors = await output_ids(client, b)
-    assert sorted(ids) == sorted(f"two-{i}" for i in range(60)) and errors == []
+    assert ids == input_ids("two", 60) and errors == []

@@ -204,7 +204,8 @@ def test_child_stop_kills_after_timeout(tmp_path: Path) -> None:
     wait_for_text(log, "ready")
     started = time.monotonic()
     assert child.stop(timeout=0.5) == -signal.SIGKILL
-    assert time.monotonic() - started < 5
+    # The child would sleep 60 s: anything well under that proves the kill (margin for load).
+    assert time.monotonic() - started < 30
 
 
 def test_child_env_overlay_and_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -518,3 +518,13 @@ async def test_seen_requests_record_headers_and_priority(
     assert first.has_priority and first.path == CHAT
     assert (second.request_id, second.batch, second.authorization) == (None, None, None)
     assert not second.has_priority
+
+
+async def test_api_key_is_required_when_configured() -> None:
+    async with SimServer(SimConfig(latency_ms=0, api_key="sk-up")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
+            assert (await c.post(CHAT, json=chat_body())).status_code == 401
+            bad = {"Authorization": "Bearer sk-other"}
+            assert (await c.post(CHAT, json=chat_body(), headers=bad)).status_code == 401
+            good = {"Authorization": "Bearer sk-up"}
+            assert (await c.post(CHAT, json=chat_body(), headers=good)).status_code == 200

@@ -432,18 +432,23 @@ def test_bad_endpoint_or_max_errors_is_a_caller_bug() -> None:
 
 # ---- size and speed ------------------------------------------------------------------------
 
+# CPU time of this process, not wall clock (2 loaded cores stretch wall clock, not CPU time).
+# Typically well under 1 s: the limit only catches a regression by an order of magnitude (a
+# quadratic step); the speed itself is a bench figure.
+SPEED_LIMIT_S = 10.0
+
 
 def test_large_file_too_many_requests_quickly() -> None:
     s = Settings(models=settings().models)
     assert s.limits.max_lines_per_batch == 50_000
     tiny = b'{"custom_id":"%d","method":"POST","url":"/v1/chat/completions","body":{"model":"demo","messages":[{"role":"user","content":"hi"}]}}'  # noqa: E501
     data = b"\n".join(tiny % i for i in range(50_001)) + b"\n"
-    started = time.perf_counter()
+    started = time.process_time()
     out = run(data, s=s)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert [(e.code, e.line) for e in out.errors] == [("too_many_requests", 50_001)]
     assert "50000" in out.errors[0].message
-    assert elapsed < 3.0
+    assert elapsed < SPEED_LIMIT_S
 
 
 def test_fifty_thousand_lines_validate_fast() -> None:
@@ -454,10 +459,10 @@ def test_fifty_thousand_lines_validate_fast() -> None:
         for i in range(50_000)
     ]
     data = b"\n".join(lines) + b"\n"
-    started = time.perf_counter()
+    started = time.process_time()
     out = run(data, s=s)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert out.errors == []
     assert len(out.offsets) == 50_000
     assert sum(r.count for r in out.routes) == 50_000
-    assert elapsed < 3.0  # typically well under 1 s
+    assert elapsed < SPEED_LIMIT_S

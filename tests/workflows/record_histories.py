@@ -1,13 +1,17 @@
-"""Record workflow histories for the replay tests (run by hand when a workflow changes on
-purpose, after guarding the change with `workflow.patched`):
+"""Record workflow histories for the replay tests (tests/workflows/test_replay.py).
 
-    .venv/bin/python -m tests.workflows.record_histories
+    .venv/bin/python -m tests.workflows.record_histories            # every scenario not yet saved
+    .venv/bin/python -m tests.workflows.record_histories batch_backoff ...   # only these
 
-Starts a dev server and the real stack, runs a few batches through the paths that matter
-(completed with a pause/resume, cancelled, failed validation, continue-as-new of a batch and of
-the scheduler on a server that suggests it early) and saves the histories as JSON under
-tests/workflows/histories/. The expiry history comes from the time-skipping test
-(tests/workflows/test_expiry.py), which this script runs with BACKFILL_RECORD_HISTORIES=1.
+Histories are append-only. Each is saved as `<scenario>.<VERSION>.json` (the seven unversioned
+files recorded before versioning are v1) and the recorder refuses to overwrite a file that
+exists. A history that stops replaying is a running batch that would break: guard the change
+with `workflow.patched` (or add a new workflow type), never re-record (docs/developing.md). To
+add histories of the current code after such a change, bump VERSION: the old ones stay.
+
+Each scenario drives the real stack (dev server, simulator, worker and api processes) through
+one path, waits on observable state (never a fixed sleep), and checks that the history holds the
+events the scenario is about before saving it. A continue-as-new chain saves every run.
 """
 
 from __future__ import annotations
@@ -17,74 +21,262 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+from temporalio.client import Client, WorkflowHistory
 
 from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig
-from tests.e2e.stack import API_KEY, Stack, jsonl, submit, wait_terminal
+from tests.e2e.stack import API_KEY, Stack, submit, wait_terminal
+from tests.polling import poll_until
+from tests.workflows.events import (
+    E,
+    activity_names,
+    completed_result,
+    find,
+    require,
+    signaled,
+    updated,
+)
+from workflows.batch import BatchWorkflow
 
 OUT = Path(__file__).parent / "histories"
+VERSION = "v1"
+"""Suffix of the histories this code records; bump it to record the current code again."""
 
 
-async def main() -> None:
-    tmp = Path(tempfile.mkdtemp())
-    server = DevServer(tmp / "t", port=free_port(), ui_port=None)
-    server.start()
-    await server.wait_ready_async(timeout=60)
-    stack = Stack(tmp, server.address, cap=2, sim=SimConfig(model_names=[], latency_ms=50))
-    await stack.start()
-    try:
-        client = stack.client()
-        auth = {"Authorization": f"Bearer {API_KEY}"}
-        done = await submit(stack, 30, prefix="done")
-        async with httpx.AsyncClient(headers=auth) as http:
-            await http.post(f"{stack.api_url}/v1/batches/{done}/pause")
-            await asyncio.sleep(1)
-            await http.post(f"{stack.api_url}/v1/batches/{done}/resume")
-        await wait_terminal(client, done)
-        cancelled = await submit(stack, 200, prefix="cancel")
-        await asyncio.sleep(1)
-        await client.batches.cancel(cancelled)
-        await wait_terminal(client, cancelled)
-        bad = await client.files.create(file=("bad.jsonl", b"not json\n"), purpose="batch")
-        failed = await client.batches.create(
-            input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        await wait_terminal(client, failed.id)
-        assert jsonl  # keep the import for callers that extend this script
-        temporal = await connect_client(server.address)
-        OUT.mkdir(exist_ok=True)
-        for name, wf_id in (
-            ("batch_completed_paused", done),
-            ("batch_cancelled", cancelled),
-            ("batch_failed_validation", failed.id),
-            ("route_scheduler", scheduler_workflow_id(stack.route_id)),
-        ):
-            history = await temporal.get_workflow_handle(wf_id).fetch_history()
-            (OUT / f"{name}.json").write_text(history.to_json())
-            print(f"saved {name}: {len(history.events)} events")
-    finally:
-        await stack.stop()
-        server.stop()
+def history_path(name: str, version: str = VERSION) -> Path:
+    return OUT / f"{name}.{version}.json"
 
 
-async def continue_as_new() -> None:
-    """First runs of a batch and of a scheduler that continued as new."""
+def recorded(name: str) -> bool:
+    """Already saved in this version (an unversioned file of the same name counts as v1)."""
+    legacy = VERSION == "v1" and (OUT / f"{name}.json").exists()
+    return legacy or history_path(name).exists() or history_path(f"{name}.run01").exists()
+
+
+def save(name: str, history: WorkflowHistory) -> None:
+    """Write a new history file; an existing one is never rewritten."""
+    path = history_path(name)
+    with path.open("x") as f:  # FileExistsError instead of overwriting
+        f.write(history.to_json())
+    print(f"saved {path.name}: {len(history.events)} events")
+
+
+# ---- the stack ---------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def dev_stack(
+    dynamic_config: dict[str, Any] | None = None, **stack_kw: Any
+) -> AsyncIterator[tuple[Stack, Client]]:
     tmp = Path(tempfile.mkdtemp())
     server = DevServer(
-        tmp / "t",
-        port=free_port(),
-        ui_port=None,
-        dynamic_config={"limit.historyCount.suggestContinueAsNew": 60},
+        tmp / "t", port=free_port(), ui_port=None, dynamic_config=dynamic_config or {}
     )
     server.start()
-    await server.wait_ready_async(timeout=60)
-    stack = Stack(tmp, server.address, cap=1, sim=SimConfig(model_names=[], latency_ms=60))
-    await stack.start()
     try:
+        await server.wait_ready_async(timeout=60)
+        stack = Stack(tmp, server.address, **stack_kw)
+        async with stack.running():
+            yield stack, await connect_client(server.address)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def running_lines(stack: Stack, batch_id: str) -> int:
+    b = await stack.client().batches.retrieve(batch_id)
+    return sum(r["running_lines"] for r in (b.model_extra or {})["backfill"]["routes"])
+
+
+async def until(probe: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], what: str) -> Any:
+    return await poll_until(probe, done, timeout=120, what=what, interval=0.1)
+
+
+# ---- scenarios on one stack (cap 2) ------------------------------------------------------------
+
+
+async def batch_completed_paused(stack: Stack, temporal: Client) -> None:
+    client = stack.client()
+    done = await submit(stack, 30, prefix="done")
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        await until(lambda: running_lines(stack, done), lambda n: n > 0, "lines running")
+        await http.post(f"{stack.api_url}/v1/batches/{done}/pause")
+        await until(lambda: running_lines(stack, done), lambda n: n == 0, "the pause to drain")
+        await http.post(f"{stack.api_url}/v1/batches/{done}/resume")
+    await wait_terminal(client, done)
+    h = await temporal.get_workflow_handle(done).fetch_history()
+    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "pause signal", signaled("pause"))
+    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "resume signal", signaled("resume"))
+    save("batch_completed_paused", h)
+
+
+async def batch_cancelled(stack: Stack, temporal: Client) -> None:
+    client = stack.client()
+    batch_id = await submit(stack, 200, prefix="cancel")
+    await until(
+        lambda: client.batches.retrieve(batch_id),
+        lambda b: b.request_counts and b.request_counts.completed > 0,
+        "progress",
+    )  # noqa: E501
+    await client.batches.cancel(batch_id)
+    await wait_terminal(client, batch_id)
+    h = await temporal.get_workflow_handle(batch_id).fetch_history()
+    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED, "cancel_now", updated("cancel_now"))
+    save("batch_cancelled", h)
+
+
+async def batch_failed_validation(stack: Stack, temporal: Client) -> None:
+    client = stack.client()
+    bad = await client.files.create(file=("bad.jsonl", b"not json\n"), purpose="batch")
+    failed = await client.batches.create(
+        input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert (await wait_terminal(client, failed.id)).status == "failed"
+    save("batch_failed_validation", await temporal.get_workflow_handle(failed.id).fetch_history())
+
+
+async def batch_workflow_cancel_requested(stack: Stack, temporal: Client) -> None:
+    """A Temporal cancellation request (UI Cancel button) while the batch waits, paused, with
+    lines queued."""
+    client = stack.client()
+    batch_id = await submit(stack, 40, prefix="wfcx")
+    await until(lambda: running_lines(stack, batch_id), lambda n: n > 0, "lines running")
+    handle = temporal.get_workflow_handle_for(BatchWorkflow.run, batch_id)
+    await handle.signal(BatchWorkflow.pause)
+    await until(lambda: running_lines(stack, batch_id), lambda n: n == 0, "the pause to drain")
+    await handle.cancel()
+    b = await wait_terminal(client, batch_id)
+    assert b.status == "cancelled" and b.request_counts.completed < 40, b
+    h = await handle.fetch_history()
+    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED, "cancellation request")
+    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completion (partial results kept)")
+    save("batch_workflow_cancel_requested", h)
+
+
+async def batch_cancel_while_validating(stack: Stack, temporal: Client) -> None:
+    """The cancel signal arrives before validation ends (the workers are stopped meanwhile)."""
+    client = stack.client()
+    for w in stack.workers:
+        await asyncio.to_thread(w.stop)
+    batch_id = await submit(stack, 10, prefix="vcx")
+    await temporal.get_workflow_handle_for(BatchWorkflow.run, batch_id).signal(BatchWorkflow.cancel)
+    stack.start_worker()
+    b = await wait_terminal(client, batch_id)
+    assert b.status == "cancelled", b
+    h = await temporal.get_workflow_handle(batch_id).fetch_history()
+    cancel = require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "cancel", signaled("cancel"))
+    validated = require(h, E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "validation")
+    assert cancel < validated, "the cancel came after validation"
+    assert "run_line" not in activity_names(h), "a line ran"
+    save("batch_cancel_while_validating", h)
+
+
+async def batch_backoff(stack: Stack, temporal: Client) -> None:
+    """Two 429s from the upstream: the lines are requeued and the route backs off (a timer)."""
+    async with httpx.AsyncClient() as http:
+        r = await http.post(
+            f"{stack.sim.url}/sim/faults", json={"status": 429, "count": 2, "retry_after": 1}
+        )
+        assert r.status_code == 200, r.text
+    batch_id = await submit(stack, 6, prefix="backoff")
+    b = await wait_terminal(stack.client(), batch_id)
+    assert b.status == "completed" and b.request_counts.completed == 6, b
+    h = await temporal.get_workflow_handle(batch_id).fetch_history()
+    retried = require(
+        h,
+        E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+        "line answered 'retry'",
+        lambda e: (completed_result(e) or {}).get("retry") is True,
+    )
+    assert find(h, E.EVENT_TYPE_TIMER_STARTED, lambda e: True) >= 0
+    assert any(e.event_type == E.EVENT_TYPE_TIMER_STARTED for e in h.events[retried:]), (
+        "no back-off timer after the retry"
+    )
+    save("batch_backoff", h)
+
+
+async def batch_line_lost(stack: Stack, temporal: Client) -> None:
+    """The worker running lines is SIGKILLed: the lines' activities time out and are requeued."""
+    stack.sim.app.config.latency_ms = 3000
+    try:
+        batch_id = await submit(stack, 4, prefix="lost")
+        await until(
+            lambda: stack.sim.app.stats_dict()["batch"]["by_batch"].get(batch_id, 0),
+            lambda n: n > 0,
+            "a line at the upstream",
+        )
+        stack.workers[-1].kill()
+        stack.start_worker()
+        b = await wait_terminal(stack.client(), batch_id)
+    finally:
+        stack.sim.app.config.latency_ms = 50
+    assert b.status == "completed" and b.request_counts.completed == 4, b
+    h = await temporal.get_workflow_handle(batch_id).fetch_history()
+    require(h, E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT, "lost line (activity timed out)")
+    save("batch_line_lost", h)
+
+
+async def route_scheduler_set_settings(stack: Stack, temporal: Client) -> None:
+    url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
+    async with httpx.AsyncClient(headers={"Authorization": "Bearer sk-test-admin"}) as http:
+        assert (await http.put(url, json={"max_concurrent_lines": 3})).status_code == 200
+    batch_id = await submit(stack, 6, prefix="settings")
+    await wait_terminal(stack.client(), batch_id)
+    h = await temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id)).fetch_history()
+    require(
+        h, E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED, "set_settings", updated("set_settings")
+    )  # noqa: E501
+    save("route_scheduler_set_settings", h)
+
+
+async def route_scheduler(stack: Stack, temporal: Client) -> None:
+    h = await temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id)).fetch_history()
+    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "demand", signaled("demand"))
+    save("route_scheduler", h)
+
+
+ONE_STACK: dict[str, Callable[[Stack, Client], Awaitable[None]]] = {
+    f.__name__: f
+    for f in (
+        batch_completed_paused,
+        batch_cancelled,
+        batch_failed_validation,
+        batch_workflow_cancel_requested,
+        batch_cancel_while_validating,
+        batch_backoff,
+        batch_line_lost,
+        route_scheduler_set_settings,
+        route_scheduler,  # last: after the others' traffic
+    )
+}
+
+
+async def one_stack(names: Iterable[str]) -> None:
+    names = list(names)
+    if not names:
+        return
+    async with dev_stack(cap=2, sim=SimConfig(model_names=[], latency_ms=50)) as (stack, t):
+        for name in names:
+            await ONE_STACK[name](stack, t)
+
+
+# ---- continue-as-new chains (every run) --------------------------------------------------------
+
+
+async def continued_as_new() -> None:
+    """A batch and a scheduler that continue as new several times; every run is saved, so the
+    replay covers runs that start from carried-over state, not only first runs."""
+    async with dev_stack(
+        {"limit.historyCount.suggestContinueAsNew": 60},
+        cap=1,
+        sim=SimConfig(model_names=[], latency_ms=60),
+    ) as (stack, temporal):
         # Three workspaces contend for one slot: shares rotate, so the scheduler's history grows.
         batch_id = await submit(stack, 60, prefix="can")
         others = [
@@ -93,37 +285,50 @@ async def continue_as_new() -> None:
         ]
         for key, b in [("sk-test-alpha", batch_id), *others]:
             await wait_terminal(stack.client(key), b)
-        temporal = await connect_client(server.address)
         for name, wf_id in (
-            ("batch_continued_as_new", batch_id),
-            ("route_scheduler_continued_as_new", scheduler_workflow_id(stack.route_id)),
+            ("batch_continue_as_new_chain", batch_id),
+            ("route_scheduler_continue_as_new_chain", scheduler_workflow_id(stack.route_id)),
         ):
-            runs = [
-                ex
-                async for ex in temporal.list_workflows(
-                    f"WorkflowId = '{wf_id}' AND ExecutionStatus = 'ContinuedAsNew'"
-                )
-            ]
-            assert runs, f"{wf_id} never continued as new"
-            first = min(runs, key=lambda ex: ex.start_time)
-            history = await temporal.get_workflow_handle(wf_id, run_id=first.run_id).fetch_history()
-            (OUT / f"{name}.json").write_text(history.to_json())
-            print(f"saved {name}: {len(history.events)} events")
-    finally:
-        await stack.stop()
-        server.stop()
+            runs = sorted(
+                [ex async for ex in temporal.list_workflows(f"WorkflowId = '{wf_id}'")],
+                key=lambda ex: ex.start_time,
+            )
+            assert len(runs) > 2, f"{wf_id} continued as new only {len(runs) - 1} times"
+            for i, ex in enumerate(runs, start=1):
+                h = await temporal.get_workflow_handle(wf_id, run_id=ex.run_id).fetch_history()
+                if i < len(runs):
+                    require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW, "continue-as-new")
+                save(f"{name}.run{i:02d}", h)
 
 
 def expiry() -> None:
+    """From the time-skipping test, which saves it when BACKFILL_RECORD_HISTORIES is set."""
     subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "tests/workflows/test_expiry.py", "-k", "24h"],
         check=True,
-        env={**os.environ, "BACKFILL_RECORD_HISTORIES": "1"},
+        env={**os.environ, "BACKFILL_RECORD_HISTORIES": history_path("batch_expired").name},
     )
-    print("saved batch_expired")
+
+
+SCENARIOS = [*ONE_STACK, "batch_continue_as_new_chain", "batch_expired"]
+
+
+def main(argv: list[str]) -> None:
+    unknown = set(argv) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"unknown scenarios {sorted(unknown)}; known: {SCENARIOS}")
+    if argv:
+        existing = [n for n in argv if recorded(n)]
+        if existing:
+            raise SystemExit(f"already recorded in {VERSION} (never re-record): {existing}")
+    wanted = argv or [n for n in SCENARIOS if not recorded(n)]
+    print(f"recording {wanted or 'nothing: every scenario is recorded in ' + VERSION}")
+    asyncio.run(one_stack(n for n in wanted if n in ONE_STACK))
+    if "batch_continue_as_new_chain" in wanted:
+        asyncio.run(continued_as_new())
+    if "batch_expired" in wanted:
+        expiry()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
-    asyncio.run(continue_as_new())
-    expiry()
+    main(sys.argv[1:])

@@ -39,7 +39,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 class Harness:
-    def __init__(self, env: WorkflowEnvironment, tmp: Path) -> None:
+    def __init__(
+        self, env: WorkflowEnvironment, tmp: Path, base_url: str = "http://127.0.0.1:9/v1"
+    ) -> None:
         self.env = env
         self.client: Client = env.client
         self.route = f"r-{uuid.uuid4().hex[:6]}"
@@ -53,7 +55,7 @@ class Harness:
                     "routes": [
                         {
                             "id": self.route,
-                            "base_url": "http://127.0.0.1:9/v1",
+                            "base_url": base_url,
                             "max_concurrent_lines": 1,
                         }
                     ],
@@ -176,9 +178,11 @@ async def test_batch_expires_with_partial_results(
         assert e["response"] is None
         assert e["error"] == {"code": "batch_expired", "message": END_MESSAGES["batch_expired"]}
     assert batch.usage.total_tokens == 0  # never-run lines cost nothing
-    if os.environ.get("BACKFILL_RECORD_HISTORIES") and window == "24h":
+    save_as = os.environ.get("BACKFILL_RECORD_HISTORIES")  # set by record_histories.py
+    if save_as and window == "24h":
         history = await handle.fetch_history()
-        (Path(__file__).parent / "histories" / "batch_expired.json").write_text(history.to_json())
+        with (Path(__file__).parent / "histories" / save_as).open("x") as f:  # never overwrite
+            f.write(history.to_json())
 
 
 async def test_lines_waiting_days_for_a_slot_expire_exactly_at_expires_at(

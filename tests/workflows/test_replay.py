@@ -1,6 +1,7 @@
 """Replay saved histories of real runs: a workflow change that would break batches already
-running fails here. To add or refresh histories after a deliberate change (guarded with
-`workflow.patched`), run `python -m tests.workflows.record_histories` (docs/operations.md)."""
+running fails here. Histories are append-only: a change that makes one fail needs
+`workflow.patched` or a new workflow type, never a re-record (docs/developing.md). New histories
+of the current code: `python -m tests.workflows.record_histories` (it never overwrites)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ def test_histories_exist() -> None:
         "batch_cancel_requested_validating",
         "batch_cancel_requested_reporting",
         "batch_cancel_requested_finalizing",
+        # recorded since histories are versioned
+        "batch_workflow_cancel_requested.v1",
+        "batch_cancel_while_validating.v1",
+        "batch_backoff.v1",
+        "batch_line_lost.v1",
+        "route_scheduler_set_settings.v1",
+        "batch_continue_as_new_chain.run01.v1",
+        "batch_continue_as_new_chain.run02.v1",
+        "route_scheduler_continue_as_new_chain.run01.v1",
+        "route_scheduler_continue_as_new_chain.run02.v1",
     } <= names
 
 
