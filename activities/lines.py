@@ -29,6 +29,11 @@ from backfill.store import FileStore
 from workflows.messages import LineInput, LineOutcome
 
 RETRYABLE_STATUS = frozenset({429, 503})
+MAX_RESENDS = 2
+"""Times a request that got no answer at all is sent again at once (see `_send_answered`)."""
+UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""Transport errors that, raised before the response's status line, mean the server never
+answered: typically a pooled keep-alive connection it closed as the request went out."""
 
 
 class LineActivities:
@@ -90,21 +95,26 @@ class LineActivities:
         try:
             # The whole exchange, not each read, is bounded by the line timeout.
             async with asyncio.timeout(timeout):
-                async with self.http.stream(
-                    "POST",
-                    url,
-                    content=json.dumps(request["body"]).encode(),
-                    headers=headers,
-                    timeout=httpx.Timeout(None, connect=10.0),
-                ) as resp:
+                resp = await self._send_answered(
+                    self.http.build_request(
+                        "POST",
+                        url,
+                        content=json.dumps(request["body"]).encode(),
+                        headers=headers,
+                        timeout=httpx.Timeout(None, connect=10.0),
+                    )
+                )
+                try:
                     body = bytearray()
                     async for chunk in resp.aiter_bytes():
                         body += chunk
                         if len(body) > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
                             return error_record(custom_id, "response_too_large", msg), False
-                    request_id = resp.headers.get("x-request-id") or new_record_id()
-                    status = resp.status_code
+                finally:
+                    await resp.aclose()
+                request_id = resp.headers.get("x-request-id") or new_record_id()
+                status = resp.status_code
         except httpx.ConnectError as err:
             return error_record(custom_id, "connection_error", describe_error(err)), True
         except (TimeoutError, httpx.TimeoutException):
@@ -123,6 +133,21 @@ class LineActivities:
             "error": None,
         }
         return record, status in RETRYABLE_STATUS
+
+    async def _send_answered(self, request: httpx.Request) -> httpx.Response:
+        """The response (status and headers read, body still streaming) to `request`.
+
+        A request that failed before any response arrived (the server closed the connection as
+        it went out: keep-alive race) is not the server's answer: it is sent again at once, at
+        most MAX_RESENDS times. An error once the response has started is the caller's."""
+        for resend in range(MAX_RESENDS + 1):
+            try:
+                return await self.http.send(request, stream=True)
+            except UNANSWERED as err:
+                if resend == MAX_RESENDS:
+                    raise
+                activity.logger.info("no answer (%s); sending again", describe_error(err))
+        raise AssertionError("unreachable")
 
     async def _commit(self, batch_id: str, line_no: int, record: dict[str, Any]) -> LineOutcome:
         data = json.dumps(record, separators=(",", ":")).encode()

@@ -32,7 +32,7 @@ async def main(settings: Settings, ready_file: Path) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     store = FileStore(settings.data_dir)
-    async with upstream_client() as http:
+    async with upstream_client(settings.upstream_keepalive_seconds) as http:
         worker = Worker(
             client,
             task_queue=settings.task_queue,

@@ -42,9 +42,15 @@ def activities(
     ]
 
 
-def upstream_client() -> httpx.AsyncClient:
-    """The httpx client for model servers: pooled, no redirects, no proxies from the env."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+def upstream_client(keepalive_seconds: float = 2.0) -> httpx.AsyncClient:
+    """The httpx client for model servers: pooled, no redirects, no proxies from the env.
+
+    Idle connections are kept `keepalive_seconds` (settings.upstream_keepalive_seconds), less
+    than the servers' own keep-alive timeout, so a line is rarely sent on a connection the server
+    is closing (LineActivities sends such a request again at once)."""
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=256, keepalive_expiry=keepalive_seconds
+    )
     return httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False)
 
 
@@ -54,7 +60,7 @@ async def running_worker(
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit."""
     store = FileStore(settings.data_dir)
-    async with upstream_client() as http:
+    async with upstream_client(settings.upstream_keepalive_seconds) as http:
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
