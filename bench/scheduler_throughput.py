@@ -47,7 +47,7 @@ from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
 from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
 from bench.ablate import ABLATIONS, ablated  # noqa: E402
-from bench.bare_workflow import BareInput, BareWorkflow, noop  # noqa: E402
+from bench.bare_workflow import BareInput, BareWorkflow, noop, wait_like_upstream  # noqa: E402
 from bench.common import (  # noqa: E402
     CpuMeter,
     CpuSpan,
@@ -58,6 +58,7 @@ from bench.common import (  # noqa: E402
     first_run_id,
     log,
 )
+from worker.lag import measuring  # noqa: E402
 from worker.main import running_worker  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
 from workflows.scheduler import RouteSchedulerWorkflow  # noqa: E402
@@ -178,7 +179,10 @@ async def run_backfill(
     what = f" (ablated: {','.join(ablations)})" if ablations else ""
     log(f"backfill{what}: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
     with ablated(ablations or []):
-        async with backfill_worker(client, settings, tmp, meter, split=split_worker):
+        async with (
+            backfill_worker(client, settings, tmp, meter, split=split_worker),
+            measuring() as lag,
+        ):
             with meter.span() as span:
                 handle: WorkflowHandle[Any, Any] = await client.start_workflow(
                     BatchWorkflow.run,
@@ -197,12 +201,13 @@ async def run_backfill(
                     execution_timeout=timedelta(seconds=deadline_s + 60),
                 )
                 batch = await await_result(client, handle, deadline_s)
+            loop_lag = lag.take()
             log(f"backfill: {batch.status} in {span.wall_s:.2f}s; reading histories")
     counts = batch.request_counts
-    if batch.status != "completed" or counts.completed != lines:
+    if batch.status != "completed" or counts.completed + counts.failed != lines:
         raise RuntimeError(
             f"backfill batch ended {batch.status} with {counts.model_dump()} (expected "
-            f"{lines} completed)"
+            f"{lines} finished)"
         )
     hist = await analyze_chain(
         client, batch_id, handle.first_execution_run_id, "run_line", dump_dir
@@ -219,6 +224,7 @@ async def run_backfill(
         "upload_s": round(upload_s, 3),
         "cpu": _cpu(span),
         "lines_per_s": round(lines / span.wall_s, 1),
+        "loop_lag": loop_lag,
         "history": hist.summary("run_line"),
         "scheduler": {
             "workflow_id": sched_id,
@@ -283,39 +289,45 @@ async def run_bare(
     label: str = "bare",
     dump_dir: Path | None = None,
     activity_pollers: int | None = None,
+    latency_s: float = 0.0,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     task_queue = f"bench-bare-{suffix}"
     wf_id = f"bench-bare-{suffix}"
-    log(f"{label}: {total} trivial activities, window {window}")
+    kind = f"activities waiting {latency_s:g} s" if latency_s > 0 else "trivial activities"
+    log(f"{label}: {total} {kind}, window {window}")
     worker = Worker(
         client,
         task_queue=task_queue,
         workflows=[BareWorkflow],
-        activities=[noop],
+        activities=[noop, wait_like_upstream],
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
         activity_task_poller_behavior=PollerBehaviorSimpleMaximum(activity_pollers or 5),
     )
-    async with worker:
+    async with worker, measuring() as lag:
         with meter.span() as span:
             handle = await client.start_workflow(
                 BareWorkflow.run,
-                BareInput(total=total, window=window, per_run=per_run),
+                BareInput(total=total, window=window, per_run=per_run, latency_s=latency_s),
                 id=wf_id,
                 task_queue=task_queue,
                 execution_timeout=timedelta(seconds=deadline_s + 60),
             )
             result = await await_result(client, handle, deadline_s)
+        loop_lag = lag.take()
     if result.done != total:
         raise RuntimeError(f"{label}: {result.done} activities done, expected {total}")
     log(f"{label}: done in {span.wall_s:.2f}s")
-    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, "noop", dump_dir)
+    name = "wait_like_upstream" if latency_s > 0 else "noop"
+    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, name, dump_dir)
     return {
         "workflow_id": wf_id,
+        "latency_s": latency_s,
+        "loop_lag": loop_lag,
         "cpu": _cpu(span),
         "activities_per_s": round(total / span.wall_s, 1),
-        "history": hist.summary("noop"),
+        "history": hist.summary(name),
     }
 
 
@@ -466,6 +478,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 deadline_s=args.timeout,
                                 dump_dir=args.dump_histories,
                                 activity_pollers=args.bare_activity_pollers,
+                                latency_s=args.latency_ms / 1000.0,
                             )
                         runs[phase].append(out)
                 for variant in args.ablate:
@@ -522,6 +535,7 @@ def table(r: dict[str, Any]) -> str:
         rows += [
             ("backfill lines/s", f"{b['lines_per_s']:.1f}"),
             ("backfill wall s (start → result)", f"{b['cpu']['wall_s']:.2f}"),
+            ("backfill failed lines", str(b["request_counts"].get("failed", 0))),
         ]
     if bare:
         rows += [
@@ -547,6 +561,15 @@ def table(r: dict[str, Any]) -> str:
             (
                 "batch workflow task timeouts (s waited)",
                 f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
+            ),
+            (
+                "worker event-loop lag p50 / p99 / max ms (backfill)",
+                f"{b['loop_lag']['p50_ms']} / {b['loop_lag']['p99_ms']} / "
+                f"{b['loop_lag']['max_ms']}",
+            ),
+            (
+                "batch workflow task schedule→start / start→close mean ms",
+                f"{h['wft_mean_schedule_to_start_ms']} / {h['wft_mean_start_to_close_ms']}",
             ),
             (
                 "batch workflow tasks (per line)",
@@ -580,6 +603,15 @@ def table(r: dict[str, Any]) -> str:
             (
                 "bare workflow task timeouts (s waited)",
                 f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
+            ),
+            (
+                "worker event-loop lag p50 / p99 / max ms (bare)",
+                f"{bare['loop_lag']['p50_ms']} / {bare['loop_lag']['p99_ms']} / "
+                f"{bare['loop_lag']['max_ms']}",
+            ),
+            (
+                "bare workflow task schedule→start / start→close mean ms",
+                f"{h['wft_mean_schedule_to_start_ms']} / {h['wft_mean_start_to_close_ms']}",
             ),
             (
                 "bare workflow tasks (per activity)",

@@ -21,6 +21,7 @@ from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from worker.lag import log_every
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
@@ -79,11 +80,16 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    lag_task = None
+    if settings.worker_loop_lag_log_seconds is not None:
+        lag_task = asyncio.create_task(log_every(settings.worker_loop_lag_log_seconds))
     async with running_worker(client, settings):
         log.info(
             "worker polling task queue %r at %s", settings.task_queue, settings.temporal_address
         )
         await stop.wait()
+        if lag_task is not None:
+            lag_task.cancel()
         log.info("worker stopping")
 
 
