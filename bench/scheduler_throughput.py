@@ -59,7 +59,7 @@ from bench.common import (  # noqa: E402
     log,
 )
 from worker.lag import measuring  # noqa: E402
-from worker.main import running_worker  # noqa: E402
+from worker.main import ACTIVITY_POLLERS, running_worker  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
 from workflows.scheduler import RouteSchedulerWorkflow  # noqa: E402
 
@@ -140,9 +140,11 @@ async def run_backfill(
     dump_dir: Path | None = None,
     ablations: list[str] | None = None,
     split_worker: bool = False,
+    worker_processes: int = 0,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     route_id = f"sim-{suffix}"
+    workers_report: dict[str, Any] = {}
     settings = Settings(
         data_dir=tmp / "data",
         temporal_address=client.service_client.config.target_host,
@@ -180,7 +182,15 @@ async def run_backfill(
     log(f"backfill{what}: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
     with ablated(ablations or []):
         async with (
-            backfill_worker(client, settings, tmp, meter, split=split_worker),
+            backfill_worker(
+                client,
+                settings,
+                tmp,
+                meter,
+                split=split_worker,
+                processes=worker_processes,
+                report=workers_report,
+            ),
             measuring() as lag,
         ):
             with meter.span() as span:
@@ -218,6 +228,8 @@ async def run_backfill(
     return {
         "ablations": ablations or [],
         "split_worker": split_worker,
+        "worker_processes": worker_processes,
+        "workers": workers_report.get("workers"),
         "batch_id": batch_id,
         "status": batch.status,
         "request_counts": counts.model_dump(),
@@ -237,10 +249,22 @@ async def run_backfill(
 
 @contextlib.asynccontextmanager
 async def backfill_worker(
-    client: Client, settings: Settings, tmp: Path, meter: CpuMeter, *, split: bool
+    client: Client,
+    settings: Settings,
+    tmp: Path,
+    meter: CpuMeter,
+    *,
+    split: bool,
+    processes: int = 0,
+    report: dict[str, Any] | None = None,
 ) -> AsyncIterator[None]:
-    """The real worker in-process (`running_worker`), or, with `split`, a workflows-only Worker
-    here and the same activities in their own process (bench/activity_worker.py)."""
+    """The real worker in-process (`running_worker`); with `split`, a workflows-only Worker
+    here and the same activities in their own process; with `processes` N > 0, N real workers,
+    each its own process (bench/activity_worker.py), their loop lags and CPU put in `report`."""
+    if processes > 0:
+        async with worker_processes(settings, tmp, processes, report):
+            yield
+        return
     if not split:
         async with running_worker(client, settings):
             yield
@@ -276,6 +300,50 @@ async def backfill_worker(
         await asyncio.to_thread(child.stop, 10.0)
 
 
+@contextlib.asynccontextmanager
+async def worker_processes(
+    settings: Settings, tmp: Path, n: int, report: dict[str, Any] | None
+) -> AsyncIterator[None]:
+    """N whole backfill workers (`running_worker`), each its own process, as an operator runs
+    them; on exit each one's event-loop lag and CPU seconds go into `report["workers"]`."""
+    from bench.common import proc_cpu_seconds
+
+    settings_path = tmp / f"settings-{settings.task_queue}.json"
+    settings_path.write_text(settings.model_dump_json())
+    children: list[tuple[Child, Path, Path]] = []
+    try:
+        for i in range(n):
+            ready = tmp / f"ready-{settings.task_queue}-{i}"
+            lag_out = tmp / f"lag-{settings.task_queue}-{i}.json"
+            child = Child(f"worker{i}")
+            argv = [sys.executable, str(ACTIVITY_WORKER), str(settings_path), str(ready)]
+            argv += ["--workflows", "--lag-out", str(lag_out)]
+            child.start(argv, log_path=tmp / f"worker{i}-{settings.task_queue}.log")
+            children.append((child, ready, lag_out))
+        for child, ready, _ in children:
+            for _ in range(600):  # ≤ 60 s
+                if ready.exists():
+                    break
+                if not child.running:
+                    raise RuntimeError(f"{child.name} exited: {child.log_tail()}")
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError(f"{child.name} not ready: {child.log_tail()}")
+        yield
+    finally:
+        cpu = [proc_cpu_seconds(c.pid) for c, _, _ in children]
+        for child, _, _ in children:
+            await asyncio.to_thread(child.stop, 10.0)
+        if report is not None:
+            report["workers"] = [
+                {
+                    "cpu_s": round(c, 2),
+                    "loop_lag": json.loads(lag.read_text()) if lag.exists() else None,
+                }
+                for c, (_, _, lag) in zip(cpu, children, strict=True)
+            ]
+
+
 # ---- phase 2: bare Temporal ----------------------------------------------------------------------
 async def run_bare(
     client: Client,
@@ -303,7 +371,9 @@ async def run_bare(
         activities=[noop, wait_like_upstream],
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
-        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(activity_pollers or 5),
+        activity_task_poller_behavior=(
+            PollerBehaviorSimpleMaximum(activity_pollers) if activity_pollers else ACTIVITY_POLLERS
+        ),
     )
     async with worker, measuring() as lag:
         with meter.span() as span:
@@ -418,6 +488,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "dynamic_config": args.dynamic_config,
         "sim_subprocess": args.sim_subprocess,
         "split_worker": args.split_worker,
+        "worker_processes": args.worker_processes,
         "db": "memory" if args.in_memory else "sqlite-file",
         "repeat": args.repeat,
         "bare_activity_pollers": args.bare_activity_pollers,
@@ -466,6 +537,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 deadline_s=args.timeout,
                                 dump_dir=args.dump_histories,
                                 split_worker=args.split_worker,
+                                worker_processes=args.worker_processes,
                             )
                         else:
                             out = await run_bare(
@@ -563,10 +635,19 @@ def table(r: dict[str, Any]) -> str:
                 f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
             ),
             (
-                "worker event-loop lag p50 / p99 / max ms (backfill)",
+                "in-process worker loop lag p50 / p99 / max ms (backfill)",
                 f"{b['loop_lag']['p50_ms']} / {b['loop_lag']['p99_ms']} / "
                 f"{b['loop_lag']['max_ms']}",
             ),
+            *[
+                (
+                    f"worker process {i} loop lag p50 / p99 ms, CPU s",
+                    f"{w['loop_lag']['p50_ms']} / {w['loop_lag']['p99_ms']}, {w['cpu_s']}"
+                    if w["loop_lag"]
+                    else f"-, {w['cpu_s']}",
+                )
+                for i, w in enumerate(b.get("workers") or [])
+            ],
             (
                 "batch workflow task schedule→start / start→close mean ms",
                 f"{h['wft_mean_schedule_to_start_ms']} / {h['wft_mean_start_to_close_ms']}",
@@ -684,6 +765,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what-if: backfill's activities in their own process, workflows in this one",
     )
     p.add_argument(
+        "--worker-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="backfill phase: N real workers, each its own process (default 0: one worker in "
+        "this process); each reports its event-loop lag",
+    )
+    p.add_argument(
         "--ablate",
         action="append",
         default=[],
@@ -696,8 +785,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="exploration: concurrent activity polls of the bare worker (SDK default 5); "
-        "the backfill worker always uses worker.main's settings",
+        help="exploration: N fixed concurrent activity polls for the bare worker (5 is the "
+        "SDK's default); by default it polls like backfill's worker (worker.main.ACTIVITY_POLLERS)",
     )
     p.add_argument(
         "--repeat", type=int, default=1, help="run the phases this many times; report medians"
@@ -720,6 +809,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for v in args.ablate:
         if not v or not set(v) <= set(ABLATIONS):
             p.error(f"--ablate takes a comma-separated subset of {', '.join(ABLATIONS)}")
+    if args.worker_processes and (args.split_worker or args.ablate):
+        p.error("--worker-processes cannot be combined with --split-worker or --ablate")
     if args.split_worker and args.ablate:
         p.error("--ablate patches this process only: it cannot be combined with --split-worker")
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
