@@ -2,8 +2,8 @@
 
 A method of a class that receives its clients (settings, file store, httpx client), built once
 in `worker/`. Results are committed to the store first-writer-wins, so a line whose activity ran
-twice (a worker died after writing) is committed exactly once. Store I/O runs in a thread, so a
-slow disk never stalls heartbeats or other lines' responses on the event loop.
+twice (a worker died after writing) is committed exactly once. Store I/O runs in threads of its
+own, so a slow disk never stalls heartbeats or other lines' responses on the event loop.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from temporalio import activity
@@ -35,6 +37,15 @@ from workflows.messages import LineInput, LineOutcome
 RETRYABLE_STATUS = frozenset({429, 503})
 CONNECT_TIMEOUT = 10.0
 """Seconds to open a connection to the upstream (the line timeout bounds the rest)."""
+MAX_RESENDS = 2
+"""Times a request that got no answer at all is sent again at once (see `_send_answered`)."""
+STORE_THREADS = 32
+"""Threads for the lines' store reads and fsync'd commits. asyncio's default pool (cores + 4
+threads, 6 here) made 256 lines in flight queue for the disk behind each other."""
+T = TypeVar("T")
+UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""Transport errors that, raised before the response's status line, mean the server never
+answered: typically a pooled keep-alive connection it closed as the request went out."""
 
 
 class LineActivities:
@@ -42,10 +53,14 @@ class LineActivities:
         self.settings = settings
         self.store = store
         self.http = http
+        self._io = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="line-store")
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
     @activity.defn
     async def run_line(self, input: LineInput) -> LineOutcome:
-        line_no, committed, raw = await asyncio.to_thread(self._read, input)
+        line_no, committed, raw = await self._in_thread(self._read, input)
         if committed is not None:  # it ran before (its worker died after writing): once only
             return outcome_from_record(line_no, committed)
         custom_id = custom_id_of(raw, line_no)
@@ -101,22 +116,27 @@ class LineActivities:
         try:
             # The whole exchange, not each read, is bounded by the line timeout.
             async with asyncio.timeout(timeout):
-                async with self.http.stream(
-                    "POST",
-                    url,
-                    content=json.dumps(request["body"]).encode(),
-                    headers=headers,
-                    timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
-                ) as resp:
+                resp = await self._send_answered(
+                    self.http.build_request(
+                        "POST",
+                        url,
+                        content=json.dumps(request["body"]).encode(),
+                        headers=headers,
+                        timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
+                    )
+                )
+                try:
                     body = bytearray()
                     async for chunk in resp.aiter_bytes():
                         body += chunk
                         if len(body) > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
                             return _failed(custom_id, line_no, "response_too_large", msg)
-                    request_id = resp.headers.get("x-request-id") or new_record_id()
-                    status = resp.status_code
-                    content_type = resp.headers.get("content-type", "no content type")
+                finally:
+                    await resp.aclose()
+                request_id = resp.headers.get("x-request-id") or new_record_id()
+                status = resp.status_code
+                content_type = resp.headers.get("content-type", "no content type")
         except httpx.ConnectTimeout:
             msg = f"Could not connect to the upstream within {CONNECT_TIMEOUT:g} s."
             return _failed(custom_id, line_no, "connection_error", msg, retry=True)
@@ -130,9 +150,24 @@ class LineActivities:
             return _failed(custom_id, line_no, "upstream_error", describe_error(err))
         return _answer(custom_id, line_no, status, request_id, content_type, bytes(body))
 
+    async def _send_answered(self, request: httpx.Request) -> httpx.Response:
+        """The response (status and headers read, body still streaming) to `request`.
+
+        A request that failed before any response arrived (the server closed the connection as
+        it went out: keep-alive race) is not the server's answer: it is sent again at once, at
+        most MAX_RESENDS times. An error once the response has started is the caller's."""
+        for resend in range(MAX_RESENDS + 1):
+            try:
+                return await self.http.send(request, stream=True)
+            except UNANSWERED as err:
+                if resend == MAX_RESENDS:
+                    raise
+                activity.logger.info("no answer (%s); sending again", describe_error(err))
+        raise AssertionError("unreachable")
+
     async def _commit(self, batch_id: str, answer: Answer) -> LineOutcome:
         line_no = answer.outcome.line
-        committed, mine = await asyncio.to_thread(
+        committed, mine = await self._in_thread(
             self.store.commit_result, batch_id, line_no, answer.data
         )
         return answer.outcome if mine else outcome_from_record(line_no, committed)

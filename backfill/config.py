@@ -134,6 +134,20 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES",
     )
     """Activity slots per worker: must cover the sum of route caps this worker serves."""
+    upstream_keepalive_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias="BACKFILL_UPSTREAM_KEEPALIVE_SECONDS",
+    )
+    """How long the worker keeps an idle connection to a model server for reuse. Keep it below
+    the servers' own idle timeout (vLLM and uvicorn close idle connections after 5 s), so the
+    worker does not send a line on a connection the server is closing."""
+    worker_loop_lag_log_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        validation_alias="BACKFILL_WORKER_LOOP_LAG_LOG_SECONDS",
+    )
+    """If set, the worker logs its event loop's lag (p50/p99/max) this often (INFO level)."""
     scheduler_reconcile_seconds: float = Field(
         default=30.0,
         gt=0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel
 from temporalio import activity, workflow
@@ -23,6 +24,8 @@ class BareInput(BaseModel):
     done: int = 0
     """Activities finished in earlier runs (carried across continue-as-new)."""
     runs: int = 1
+    latency_s: float = 0.0
+    """Each activity waits this long, like a line waiting for its upstream (0: a no-op)."""
 
 
 class BareResult(BaseModel):
@@ -35,6 +38,12 @@ async def noop(i: int) -> int:
     return i
 
 
+@activity.defn
+async def wait_like_upstream(seconds: float) -> None:
+    """A line's shape without its work: the activity waits as for a model's answer."""
+    await asyncio.sleep(seconds)
+
+
 @workflow.defn
 class BareWorkflow:
     @workflow.run
@@ -43,19 +52,24 @@ class BareWorkflow:
         done = inp.done
         this_run = 0
         draining = False
-        pending: list[asyncio.Future[int]] = []
+        pending: list[asyncio.Future[Any]] = []
         while True:
             while not draining and len(pending) < inp.window and next_i < inp.total:
-                pending.append(
-                    asyncio.ensure_future(
-                        workflow.execute_activity(
-                            noop,
-                            next_i,
-                            start_to_close_timeout=timedelta(seconds=60),
-                            retry_policy=RetryPolicy(maximum_attempts=1),
-                        )
+                if inp.latency_s > 0:
+                    call = workflow.execute_activity(
+                        wait_like_upstream,
+                        inp.latency_s,
+                        start_to_close_timeout=timedelta(seconds=60 + inp.latency_s),
+                        retry_policy=RetryPolicy(maximum_attempts=1),
                     )
-                )
+                else:
+                    call = workflow.execute_activity(
+                        noop,
+                        next_i,
+                        start_to_close_timeout=timedelta(seconds=60),
+                        retry_policy=RetryPolicy(maximum_attempts=1),
+                    )
+                pending.append(asyncio.ensure_future(call))
                 next_i += 1
             if not pending:
                 break

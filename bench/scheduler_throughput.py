@@ -47,7 +47,7 @@ from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
 from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
 from bench.ablate import ABLATIONS, ablated  # noqa: E402
-from bench.bare_workflow import BareInput, BareWorkflow, noop  # noqa: E402
+from bench.bare_workflow import BareInput, BareWorkflow, noop, wait_like_upstream  # noqa: E402
 from bench.common import (  # noqa: E402
     CpuMeter,
     CpuSpan,
@@ -58,7 +58,8 @@ from bench.common import (  # noqa: E402
     first_run_id,
     log,
 )
-from worker.main import running_worker  # noqa: E402
+from worker.lag import measuring  # noqa: E402
+from worker.main import ACTIVITY_POLLERS, running_worker  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
 from workflows.scheduler import RouteSchedulerWorkflow  # noqa: E402
 
@@ -139,9 +140,11 @@ async def run_backfill(
     dump_dir: Path | None = None,
     ablations: list[str] | None = None,
     split_worker: bool = False,
+    worker_processes: int = 0,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     route_id = f"sim-{suffix}"
+    workers_report: dict[str, Any] = {}
     settings = Settings(
         data_dir=tmp / "data",
         temporal_address=client.service_client.config.target_host,
@@ -178,7 +181,18 @@ async def run_backfill(
     what = f" (ablated: {','.join(ablations)})" if ablations else ""
     log(f"backfill{what}: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
     with ablated(ablations or []):
-        async with backfill_worker(client, settings, tmp, meter, split=split_worker):
+        async with (
+            backfill_worker(
+                client,
+                settings,
+                tmp,
+                meter,
+                split=split_worker,
+                processes=worker_processes,
+                report=workers_report,
+            ),
+            measuring() as lag,
+        ):
             with meter.span() as span:
                 handle: WorkflowHandle[Any, Any] = await client.start_workflow(
                     BatchWorkflow.run,
@@ -197,12 +211,13 @@ async def run_backfill(
                     execution_timeout=timedelta(seconds=deadline_s + 60),
                 )
                 batch = await await_result(client, handle, deadline_s)
+            loop_lag = lag.take()
             log(f"backfill: {batch.status} in {span.wall_s:.2f}s; reading histories")
     counts = batch.request_counts
-    if batch.status != "completed" or counts.completed != lines:
+    if batch.status != "completed" or counts.completed + counts.failed != lines:
         raise RuntimeError(
             f"backfill batch ended {batch.status} with {counts.model_dump()} (expected "
-            f"{lines} completed)"
+            f"{lines} finished)"
         )
     hist = await analyze_chain(
         client, batch_id, handle.first_execution_run_id, "run_line", dump_dir
@@ -213,12 +228,15 @@ async def run_backfill(
     return {
         "ablations": ablations or [],
         "split_worker": split_worker,
+        "worker_processes": worker_processes,
+        "workers": workers_report.get("workers"),
         "batch_id": batch_id,
         "status": batch.status,
         "request_counts": counts.model_dump(),
         "upload_s": round(upload_s, 3),
         "cpu": _cpu(span),
         "lines_per_s": round(lines / span.wall_s, 1),
+        "loop_lag": loop_lag,
         "history": hist.summary("run_line"),
         "scheduler": {
             "workflow_id": sched_id,
@@ -231,10 +249,22 @@ async def run_backfill(
 
 @contextlib.asynccontextmanager
 async def backfill_worker(
-    client: Client, settings: Settings, tmp: Path, meter: CpuMeter, *, split: bool
+    client: Client,
+    settings: Settings,
+    tmp: Path,
+    meter: CpuMeter,
+    *,
+    split: bool,
+    processes: int = 0,
+    report: dict[str, Any] | None = None,
 ) -> AsyncIterator[None]:
-    """The real worker in-process (`running_worker`), or, with `split`, a workflows-only Worker
-    here and the same activities in their own process (bench/activity_worker.py)."""
+    """The real worker in-process (`running_worker`); with `split`, a workflows-only Worker
+    here and the same activities in their own process; with `processes` N > 0, N real workers,
+    each its own process (bench/activity_worker.py), their loop lags and CPU put in `report`."""
+    if processes > 0:
+        async with worker_processes(settings, tmp, processes, report):
+            yield
+        return
     if not split:
         async with running_worker(client, settings):
             yield
@@ -270,6 +300,50 @@ async def backfill_worker(
         await asyncio.to_thread(child.stop, 10.0)
 
 
+@contextlib.asynccontextmanager
+async def worker_processes(
+    settings: Settings, tmp: Path, n: int, report: dict[str, Any] | None
+) -> AsyncIterator[None]:
+    """N whole backfill workers (`running_worker`), each its own process, as an operator runs
+    them; on exit each one's event-loop lag and CPU seconds go into `report["workers"]`."""
+    from bench.common import proc_cpu_seconds
+
+    settings_path = tmp / f"settings-{settings.task_queue}.json"
+    settings_path.write_text(settings.model_dump_json())
+    children: list[tuple[Child, Path, Path]] = []
+    try:
+        for i in range(n):
+            ready = tmp / f"ready-{settings.task_queue}-{i}"
+            lag_out = tmp / f"lag-{settings.task_queue}-{i}.json"
+            child = Child(f"worker{i}")
+            argv = [sys.executable, str(ACTIVITY_WORKER), str(settings_path), str(ready)]
+            argv += ["--workflows", "--lag-out", str(lag_out)]
+            child.start(argv, log_path=tmp / f"worker{i}-{settings.task_queue}.log")
+            children.append((child, ready, lag_out))
+        for child, ready, _ in children:
+            for _ in range(600):  # ≤ 60 s
+                if ready.exists():
+                    break
+                if not child.running:
+                    raise RuntimeError(f"{child.name} exited: {child.log_tail()}")
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError(f"{child.name} not ready: {child.log_tail()}")
+        yield
+    finally:
+        cpu = [proc_cpu_seconds(c.pid) for c, _, _ in children]
+        for child, _, _ in children:
+            await asyncio.to_thread(child.stop, 10.0)
+        if report is not None:
+            report["workers"] = [
+                {
+                    "cpu_s": round(c, 2),
+                    "loop_lag": json.loads(lag.read_text()) if lag.exists() else None,
+                }
+                for c, (_, _, lag) in zip(cpu, children, strict=True)
+            ]
+
+
 # ---- phase 2: bare Temporal ----------------------------------------------------------------------
 async def run_bare(
     client: Client,
@@ -283,39 +357,47 @@ async def run_bare(
     label: str = "bare",
     dump_dir: Path | None = None,
     activity_pollers: int | None = None,
+    latency_s: float = 0.0,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     task_queue = f"bench-bare-{suffix}"
     wf_id = f"bench-bare-{suffix}"
-    log(f"{label}: {total} trivial activities, window {window}")
+    kind = f"activities waiting {latency_s:g} s" if latency_s > 0 else "trivial activities"
+    log(f"{label}: {total} {kind}, window {window}")
     worker = Worker(
         client,
         task_queue=task_queue,
         workflows=[BareWorkflow],
-        activities=[noop],
+        activities=[noop, wait_like_upstream],
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
-        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(activity_pollers or 5),
+        activity_task_poller_behavior=(
+            PollerBehaviorSimpleMaximum(activity_pollers) if activity_pollers else ACTIVITY_POLLERS
+        ),
     )
-    async with worker:
+    async with worker, measuring() as lag:
         with meter.span() as span:
             handle = await client.start_workflow(
                 BareWorkflow.run,
-                BareInput(total=total, window=window, per_run=per_run),
+                BareInput(total=total, window=window, per_run=per_run, latency_s=latency_s),
                 id=wf_id,
                 task_queue=task_queue,
                 execution_timeout=timedelta(seconds=deadline_s + 60),
             )
             result = await await_result(client, handle, deadline_s)
+        loop_lag = lag.take()
     if result.done != total:
         raise RuntimeError(f"{label}: {result.done} activities done, expected {total}")
     log(f"{label}: done in {span.wall_s:.2f}s")
-    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, "noop", dump_dir)
+    name = "wait_like_upstream" if latency_s > 0 else "noop"
+    hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, name, dump_dir)
     return {
         "workflow_id": wf_id,
+        "latency_s": latency_s,
+        "loop_lag": loop_lag,
         "cpu": _cpu(span),
         "activities_per_s": round(total / span.wall_s, 1),
-        "history": hist.summary("noop"),
+        "history": hist.summary(name),
     }
 
 
@@ -406,6 +488,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "dynamic_config": args.dynamic_config,
         "sim_subprocess": args.sim_subprocess,
         "split_worker": args.split_worker,
+        "worker_processes": args.worker_processes,
         "db": "memory" if args.in_memory else "sqlite-file",
         "repeat": args.repeat,
         "bare_activity_pollers": args.bare_activity_pollers,
@@ -454,6 +537,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 deadline_s=args.timeout,
                                 dump_dir=args.dump_histories,
                                 split_worker=args.split_worker,
+                                worker_processes=args.worker_processes,
                             )
                         else:
                             out = await run_bare(
@@ -466,6 +550,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 deadline_s=args.timeout,
                                 dump_dir=args.dump_histories,
                                 activity_pollers=args.bare_activity_pollers,
+                                latency_s=args.latency_ms / 1000.0,
                             )
                         runs[phase].append(out)
                 for variant in args.ablate:
@@ -522,6 +607,7 @@ def table(r: dict[str, Any]) -> str:
         rows += [
             ("backfill lines/s", f"{b['lines_per_s']:.1f}"),
             ("backfill wall s (start → result)", f"{b['cpu']['wall_s']:.2f}"),
+            ("backfill failed lines", str(b["request_counts"].get("failed", 0))),
         ]
     if bare:
         rows += [
@@ -547,6 +633,24 @@ def table(r: dict[str, Any]) -> str:
             (
                 "batch workflow task timeouts (s waited)",
                 f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
+            ),
+            (
+                "in-process worker loop lag p50 / p99 / max ms (backfill)",
+                f"{b['loop_lag']['p50_ms']} / {b['loop_lag']['p99_ms']} / "
+                f"{b['loop_lag']['max_ms']}",
+            ),
+            *[
+                (
+                    f"worker process {i} loop lag p50 / p99 ms, CPU s",
+                    f"{w['loop_lag']['p50_ms']} / {w['loop_lag']['p99_ms']}, {w['cpu_s']}"
+                    if w["loop_lag"]
+                    else f"-, {w['cpu_s']}",
+                )
+                for i, w in enumerate(b.get("workers") or [])
+            ],
+            (
+                "batch workflow task schedule→start / start→close mean ms",
+                f"{h['wft_mean_schedule_to_start_ms']} / {h['wft_mean_start_to_close_ms']}",
             ),
             (
                 "batch workflow tasks (per line)",
@@ -580,6 +684,15 @@ def table(r: dict[str, Any]) -> str:
             (
                 "bare workflow task timeouts (s waited)",
                 f"{h['wft_timeouts']} ({h['wft_timeout_waits_s']})",
+            ),
+            (
+                "worker event-loop lag p50 / p99 / max ms (bare)",
+                f"{bare['loop_lag']['p50_ms']} / {bare['loop_lag']['p99_ms']} / "
+                f"{bare['loop_lag']['max_ms']}",
+            ),
+            (
+                "bare workflow task schedule→start / start→close mean ms",
+                f"{h['wft_mean_schedule_to_start_ms']} / {h['wft_mean_start_to_close_ms']}",
             ),
             (
                 "bare workflow tasks (per activity)",
@@ -652,6 +765,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what-if: backfill's activities in their own process, workflows in this one",
     )
     p.add_argument(
+        "--worker-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="backfill phase: N real workers, each its own process (default 0: one worker in "
+        "this process); each reports its event-loop lag",
+    )
+    p.add_argument(
         "--ablate",
         action="append",
         default=[],
@@ -664,8 +785,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="exploration: concurrent activity polls of the bare worker (SDK default 5); "
-        "the backfill worker always uses worker.main's settings",
+        help="exploration: N fixed concurrent activity polls for the bare worker (5 is the "
+        "SDK's default); by default it polls like backfill's worker (worker.main.ACTIVITY_POLLERS)",
     )
     p.add_argument(
         "--repeat", type=int, default=1, help="run the phases this many times; report medians"
@@ -688,6 +809,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for v in args.ablate:
         if not v or not set(v) <= set(ABLATIONS):
             p.error(f"--ablate takes a comma-separated subset of {', '.join(ABLATIONS)}")
+    if args.worker_processes and (args.split_worker or args.ablate):
+        p.error("--worker-processes cannot be combined with --split-worker or --ablate")
     if args.split_worker and args.ablate:
         p.error("--ablate patches this process only: it cannot be combined with --split-worker")
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]

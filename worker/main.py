@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -12,7 +13,7 @@ from typing import Any
 
 import httpx
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
@@ -22,12 +23,18 @@ from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from worker.lag import log_every
 from worker.retention import ensure_schedule
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
 log = logging.getLogger(__name__)
+
+ACTIVITY_POLLERS = PollerBehaviorAutoscaling(initial=10)
+"""Activity task polls in flight, scaled on the server's feedback (1 to 100). The SDK's default,
+5 fixed polls, fetches one task per poll round trip: with 256 lines in flight, lines waited
+seconds in the task queue before any worker took them (docs/performance.md)."""
 
 
 def activities(
@@ -46,10 +53,46 @@ def activities(
     ]
 
 
-def upstream_client() -> httpx.AsyncClient:
-    """The httpx client for model servers: pooled, no redirects, no proxies from the env."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    return httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False)
+UPSTREAM_POOLS = 8
+"""Connection pools the upstream client spreads its requests over (see `PooledTransport`)."""
+
+
+class PooledTransport(httpx.AsyncBaseTransport):
+    """Several independent httpx connection pools, used in turn.
+
+    httpcore's pool does bookkeeping proportional to (idle connections × connections) on every
+    request and every response it closes: with 256 lines in flight through one pool, that took
+    about half of the worker's event loop (py-spy, docs/performance.md). `pools` pools of about
+    256 / `pools` connections each cost about 1/`pools`² of it."""
+
+    def __init__(self, pools: int, limits: httpx.Limits) -> None:
+        self._pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(pools)]
+        self._turn = itertools.cycle(self._pools)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await next(self._turn).handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
+
+
+def upstream_client(keepalive_seconds: float = 2.0) -> httpx.AsyncClient:
+    """The httpx client for model servers: pooled, no redirects, no proxies from the env.
+
+    Idle connections are kept `keepalive_seconds` (settings.upstream_keepalive_seconds), less
+    than the servers' own keep-alive timeout, so a line is rarely sent on a connection the server
+    is closing (LineActivities sends such a request again at once)."""
+    limits = httpx.Limits(
+        max_connections=None,
+        max_keepalive_connections=256 // UPSTREAM_POOLS,
+        keepalive_expiry=keepalive_seconds,
+    )
+    return httpx.AsyncClient(
+        transport=PooledTransport(UPSTREAM_POOLS, limits),
+        follow_redirects=False,
+        trust_env=False,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -58,13 +101,14 @@ async def running_worker(
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit."""
     store = FileStore(settings.data_dir)
-    async with upstream_client() as http:
+    async with upstream_client(settings.upstream_keepalive_seconds) as http:
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
             workflows=[BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow],
             activities=activities(settings, store, http, client),
             max_concurrent_activities=settings.worker_max_concurrent_activities,
+            activity_task_poller_behavior=ACTIVITY_POLLERS,
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
         )
         async with worker:
@@ -78,11 +122,16 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await ensure_schedule(client, settings)
+    lag_task = None
+    if settings.worker_loop_lag_log_seconds is not None:
+        lag_task = asyncio.create_task(log_every(settings.worker_loop_lag_log_seconds))
     async with running_worker(client, settings):
         log.info(
             "worker polling task queue %r at %s", settings.task_queue, settings.temporal_address
         )
         await stop.wait()
+        if lag_task is not None:
+            lag_task.cancel()
         log.info("worker stopping")
 
 

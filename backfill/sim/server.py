@@ -92,6 +92,9 @@ class SimConfig(BaseModel):
     api_key: str | None = None
     """When set, inference requests without `Authorization: Bearer <api_key>` get a 401 (as a
     server started with `vllm serve --api-key` answers)."""
+    timeout_keep_alive_s: float = Field(default=5.0, gt=0)
+    """Seconds an idle keep-alive connection stays open before the server closes it (uvicorn's
+    `timeout_keep_alive`; 5 s by default, as in vLLM). Lower it to provoke keep-alive races."""
 
     @property
     def metrics_model_name(self) -> str:
@@ -736,6 +739,7 @@ class SimServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=1,
+            timeout_keep_alive=self.config.timeout_keep_alive_s,  # type: ignore[arg-type]
         )
         self._server = server = _InProcessServer(cfg)
         self._task = task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -788,6 +792,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=5.0,
+        help="seconds before an idle keep-alive connection is closed (uvicorn's, default 5)",
+    )
     args = p.parse_args(argv)
     config = SimConfig(
         model_names=[] if args.any_model else (args.models or ["demo"]),
@@ -797,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         stream_token_delay_ms=args.stream_token_delay_ms,
+        timeout_keep_alive_s=args.timeout_keep_alive,
     )
     cfg = uvicorn.Config(
         create_app(config),
@@ -806,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="off",
         access_log=False,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=config.timeout_keep_alive_s,  # type: ignore[arg-type]
     )
     asyncio.run(_serve_until_signal(_InProcessServer(cfg)))
     return 0

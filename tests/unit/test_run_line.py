@@ -12,7 +12,7 @@ import httpx
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.lines import LineActivities
+from activities.lines import MAX_RESENDS, LineActivities
 from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
@@ -135,6 +135,67 @@ def test_connection_refused_is_retried(tmp_path: Path) -> None:
     assert run(acts, line(file_id, final=False)).retry
     out = run(acts, line(file_id, final=True))
     assert out.error_code == "connection_error" and record(store)["response"] is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+        httpx.ReadError(""),
+        httpx.WriteError("Broken pipe"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_request_the_server_never_answered_is_sent_again_at_once(
+    tmp_path: Path, error: httpx.TransportError
+) -> None:
+    calls: list[bytes] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req.content)
+        if len(calls) == 1:  # a pooled connection the server closed as the request went out
+            raise error
+        return httpx.Response(200, json=OK_BODY)
+
+    acts, file_id, store = make(tmp_path, handler)
+    out = run(acts, line(file_id, final=False))
+    assert out.ok and not out.retry
+    assert len(calls) == 2 and calls[0] == calls[1]  # the same request, in the same attempt
+    assert record(store)["response"]["status_code"] == 200
+
+
+def test_resending_an_unanswered_request_is_bounded(tmp_path: Path) -> None:
+    calls = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    acts, file_id, store = make(tmp_path, handler)
+    out = run(acts, line(file_id))
+    assert len(calls) == MAX_RESENDS + 1
+    assert out.error_code == "upstream_error" and record(store)["response"] is None
+
+
+class _BrokenBody(httpx.AsyncByteStream):
+    """A response body that breaks after its first bytes (the answer had started)."""
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        yield b'{"id": '
+        raise httpx.ReadError("Connection reset by peer")
+
+
+def test_an_error_after_the_answer_started_is_not_sent_again(tmp_path: Path) -> None:
+    calls = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        return httpx.Response(200, stream=_BrokenBody())
+
+    acts, file_id, store = make(tmp_path, handler)
+    out = run(acts, line(file_id))
+    assert len(calls) == 1
+    assert out.error_code == "upstream_error" and record(store)["response"] is None
 
 
 def test_a_response_over_the_cap_fails_the_line(tmp_path: Path) -> None:
