@@ -33,6 +33,14 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from backfill.sim.faults import FaultAction, FaultInjector, SimFault
+from backfill.sim.gpu import (
+    FINISHED,
+    GpuConfig,
+    GpuEngine,
+    GpuSequence,
+    SequenceTooLong,
+    TrafficClass,
+)
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
@@ -89,6 +97,8 @@ class SimConfig(BaseModel):
     embedding_dim: int = Field(default=16, ge=1, le=8192)
     stream_token_delay_ms: float = Field(default=0.0, ge=0)  # pause before each streamed event
     faults: list[SimFault] = Field(default_factory=list)
+    gpu: GpuConfig | None = None
+    """GPU mode (continuous batching, `backfill.sim.gpu`) instead of fixed per-request latency."""
 
     @property
     def metrics_model_name(self) -> str:
@@ -201,7 +211,7 @@ class SimStats:
         (self.live if batch is None else self.batch).concurrent -= 1
         self.by_status[status] += 1
 
-    def reset(self, sched: Scheduler) -> None:
+    def reset(self, sched: Scheduler | GpuEngine) -> None:
         for t in (self.all, self.batch, self.live):
             t.reset()
         self.by_status.clear()
@@ -377,6 +387,11 @@ class SimApp:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.scheduler = Scheduler(config.max_num_seqs, config.scheduling_policy == "priority")
+        self.engine = (
+            None
+            if config.gpu is None
+            else GpuEngine(config.gpu, config.max_num_seqs, config.scheduling_policy == "priority")
+        )
         self.stats = SimStats()
         self.seen: deque[SeenRequest] = deque(maxlen=1024)  # the latest requests, oldest first
         self.faults = FaultInjector(config.faults, seed=config.seed)
@@ -389,6 +404,8 @@ class SimApp:
             ("GET", "/metrics"): self._metrics,
             ("GET", "/sim/stats"): lambda r, s: _send_json(s, 200, self.stats_dict()),
             ("POST", "/sim/stats/reset"): self._reset_stats,
+            ("GET", "/sim/latencies"): self._latencies,
+            ("POST", "/sim/latencies/reset"): self._reset_latencies,
             ("GET", "/sim/faults"): lambda r, s: _send_json(s, 200, self._faults_dict()),
             ("POST", "/sim/faults"): self._add_faults,
             ("DELETE", "/sim/faults"): self._clear_faults,
@@ -419,7 +436,14 @@ class SimApp:
         return (c.latency_ms + c.latency_per_running_ms * max(running - 1, 0)) / 1000.0
 
     @property
+    def load(self) -> Scheduler | GpuEngine:
+        """Where running/waiting/peaks come from: the GPU engine in GPU mode."""
+        return self.scheduler if self.engine is None else self.engine
+
+    @property
     def kv_cache_usage(self) -> float:
+        if self.engine is not None:
+            return self.engine.kv_cache_usage
         return min(1.0, self.scheduler.running * self._kv_per_request)
 
     async def _inference(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
@@ -451,6 +475,11 @@ class SimApp:
         if action is not None and (action.drop or action.status is not None):
             return await self._fail(action, hdrs, receive, send)
         fault_delay = action.delay_s if action else 0.0
+        if self.engine is not None:
+            traffic: TrafficClass = "live" if _BATCH_KEY not in headers else "batch"
+            return await self._respond_gpu(
+                self.engine, req, traffic, fault_delay, hdrs, receive, send
+            )
         sched = self.scheduler
         if fault_delay > 0 or self.processing_delay_s(sched.running + 1) > 0:
             admit = self._admit(req.priority, fault_delay)
@@ -608,8 +637,123 @@ class SimApp:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         return 200
 
+    async def _respond_gpu(
+        self,
+        engine: GpuEngine,
+        req: _Req,
+        traffic: TrafficClass,
+        fault_delay: float,
+        hdrs: list[Header],
+        receive: Receive,
+        send: Send,
+    ) -> int:
+        """GPU mode: the request becomes one engine sequence; each token is sent (streaming) as
+        the step that made it completes."""
+        st, chat, emb = self.stats, req.kind == _CHAT, req.kind == _EMBEDDINGS
+        prompt_tokens = max(1, sum(len(t.split()) for t in req.texts))
+        max_new = 0 if emb else (req.max_tokens or engine.config.default_output_tokens)
+        seq = GpuSequence(prompt_tokens, max_new, req.priority, traffic, "priority" in req.raw)
+        if fault_delay > 0 and not await _until_disconnect(asyncio.sleep(fault_delay), receive):
+            return _ABORTED
+        try:
+            engine.submit(seq)
+        except SequenceTooLong as e:
+            return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+
+        def on_disconnect(t: asyncio.Future[None]) -> None:
+            if not t.cancelled():
+                engine.abort(seq)
+
+        watch.add_done_callback(on_disconnect)
+        try:
+            return await self._gpu_reply(req, seq, chat, hdrs, send)
+        finally:
+            watch.cancel()
+            engine.abort(seq)  # no-op once finished
+            st.prompt_tokens += prompt_tokens
+
+    async def _gpu_reply(
+        self, req: _Req, seq: GpuSequence, chat: bool, hdrs: list[Header], send: Send
+    ) -> int:
+        st = self.stats
+        if req.kind == _EMBEDDINGS:
+            while await seq.tokens.get() is not FINISHED:
+                pass
+            if seq.aborted:
+                return _ABORTED
+            st.success_by_reason["stop"] += 1
+            return await _send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
+        words = [["Simulated", *p.split()] for p in (req.texts[-1:] if chat else req.texts)]
+        choices = [w for w in words for _ in range(req.n)]
+        reason = "length" if req.max_tokens else "stop"
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": ("chat.completion.chunk" if req.stream else "chat.completion")
+            if chat
+            else "text_completion",
+            "created": int(time.time()),
+            "model": req.model,
+        }
+        if req.stream:
+            start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+            await send({"type": "http.response.start", "status": 200, "headers": start + hdrs})
+
+        def piece(w: list[str], j: int) -> str:
+            return w[j % len(w)] if j == 0 else " " + w[j % len(w)]
+
+        def event(choices_: list[dict[str, Any]], usage: Any = None) -> bytes:
+            obj = {**head, "choices": choices_}
+            if usage is not None:
+                obj["usage"] = usage
+            return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+        def choice(i: int, text: str | None, finish: str | None, role: bool = False) -> dict:
+            if chat:
+                delta: dict[str, Any] = {} if text is None else {"content": text}
+                if role:
+                    delta["role"] = "assistant"
+                c: dict[str, Any] = {"index": i, "delta": delta}
+            else:
+                c = {"index": i, "text": text or ""}
+            return {**c, "logprobs": None, "finish_reason": finish}
+
+        j = 0
+        while await seq.tokens.get() is not FINISHED:
+            st.generation_tokens += len(choices)
+            if req.stream:
+                body = b"".join(
+                    event([choice(i, piece(w, j), None, role=j == 0)])
+                    for i, w in enumerate(choices)
+                )
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            j += 1
+        if seq.aborted:
+            return _ABORTED
+        st.success_by_reason[reason] += 1
+        usage = {
+            "prompt_tokens": seq.prompt_tokens,
+            "completion_tokens": j * len(choices),
+            "total_tokens": seq.prompt_tokens + j * len(choices),
+        }
+        if req.stream:
+            tail = [event([choice(i, None, reason)]) for i in range(len(choices))]
+            if req.include_usage:
+                tail.append(event([], usage))
+            tail.append(b"data: [DONE]\n\n")
+            await send({"type": "http.response.body", "body": b"".join(tail)})
+            return 200
+        out = []
+        for i, w in enumerate(choices):
+            text = "".join(piece(w, k) for k in range(j))
+            body_: dict[str, Any] = (
+                {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            )
+            out.append({"index": i, **body_, "finish_reason": reason, "logprobs": None})
+        return await _send_json(send, 200, {**head, "choices": out, "usage": usage}, hdrs)
+
     def stats_dict(self) -> dict[str, Any]:
-        st, sched = self.stats, self.scheduler
+        st, sched = self.stats, self.load
         return {
             "requests_total": st.all.requests_total,
             "responses_by_status": {str(k): v for k, v in st.by_status.items() if k > 0},
@@ -626,12 +770,22 @@ class SimApp:
             "live": st.live.as_dict(),
             "priorities_seen": {str(k): v for k, v in st.priorities.items()},
             "faults_active": len(self.faults),
+            **({} if self.engine is None else {"gpu": self._gpu_dict(self.engine)}),
+        }
+
+    @staticmethod
+    def _gpu_dict(engine: GpuEngine) -> dict[str, Any]:
+        return {
+            "steps": engine.steps,
+            "busy_s": engine.busy_s,
+            "kv_cache_tokens_held": engine.held_tokens,
+            "latencies": engine.log.summary(),
         }
 
     def metrics_text(self) -> str:
         name = self.config.metrics_model_name
         name = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        st, sched = self.stats, self.scheduler
+        st, sched = self.stats, self.load
         return _METRICS.format(
             labels=f'engine="0",model_name="{name}"',
             running=float(sched.running),
@@ -679,8 +833,21 @@ class SimApp:
         return await _send_json(send, 200, self._faults_dict())
 
     async def _reset_stats(self, receive: Receive, send: Send) -> int:
-        self.stats.reset(self.scheduler)
+        self.stats.reset(self.load)
+        if self.engine is not None:
+            self.engine.log.reset()
         return await _send_json(send, 200, self.stats_dict())
+
+    async def _latencies(self, receive: Receive, send: Send) -> int:
+        if self.engine is None:
+            return await _send_json(send, 404, _error_body(404, "Not in GPU mode (--gpu)"))
+        return await _send_json(send, 200, self.engine.log.summary())
+
+    async def _reset_latencies(self, receive: Receive, send: Send) -> int:
+        if self.engine is None:
+            return await _send_json(send, 404, _error_body(404, "Not in GPU mode (--gpu)"))
+        self.engine.log.reset()
+        return await _send_json(send, 200, self.engine.log.summary())
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:
@@ -744,6 +911,8 @@ class SimServer:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
+        if self.app.engine is not None:
+            await self.app.engine.stop()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5.0)
         except TimeoutError:
@@ -781,6 +950,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-token-delay-ms", type=float, default=0.0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("GPU mode", "continuous batching (backfill.sim.gpu)")
+    d = GpuConfig()
+    g.add_argument("--gpu", action="store_true", help="continuous-batching engine model")
+    g.add_argument("--step-base-ms", type=float, default=d.step_base_ms)
+    g.add_argument("--step-per-seq-ms", type=float, default=d.step_per_seq_ms)
+    g.add_argument("--prefill-per-token-ms", type=float, default=d.prefill_per_token_ms)
+    g.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens)
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    g.add_argument("--default-output-tokens", type=int, default=d.default_output_tokens)
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     config = SimConfig(
@@ -791,6 +969,16 @@ def main(argv: list[str] | None = None) -> int:
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         stream_token_delay_ms=args.stream_token_delay_ms,
+        gpu=GpuConfig(
+            step_base_ms=args.step_base_ms,
+            step_per_seq_ms=args.step_per_seq_ms,
+            prefill_per_token_ms=args.prefill_per_token_ms,
+            kv_cache_tokens=args.kv_cache_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            default_output_tokens=args.default_output_tokens,
+        )
+        if args.gpu
+        else None,
     )
     cfg = uvicorn.Config(
         create_app(config),
