@@ -41,6 +41,7 @@ from backfill.sim.gpu import (
     SequenceTooLong,
     TrafficClass,
 )
+from backfill.sim.gpu_reply import GpuReply
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
@@ -684,73 +685,33 @@ class SimApp:
                 return _ABORTED
             st.success_by_reason["stop"] += 1
             return await _send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
-        words = [["Simulated", *p.split()] for p in (req.texts[-1:] if chat else req.texts)]
-        choices = [w for w in words for _ in range(req.n)]
+        prompts = [p for p in (req.texts[-1:] if chat else req.texts) for _ in range(req.n)]
         reason = "length" if req.max_tokens else "stop"
-        head = {
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            "object": ("chat.completion.chunk" if req.stream else "chat.completion")
-            if chat
-            else "text_completion",
-            "created": int(time.time()),
-            "model": req.model,
-        }
+        reply = GpuReply(chat, req.stream, req.model, prompts, reason)
         if req.stream:
             start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
             await send({"type": "http.response.start", "status": 200, "headers": start + hdrs})
-
-        def piece(w: list[str], j: int) -> str:
-            return w[j % len(w)] if j == 0 else " " + w[j % len(w)]
-
-        def event(choices_: list[dict[str, Any]], usage: Any = None) -> bytes:
-            obj = {**head, "choices": choices_}
-            if usage is not None:
-                obj["usage"] = usage
-            return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-        def choice(i: int, text: str | None, finish: str | None, role: bool = False) -> dict:
-            if chat:
-                delta: dict[str, Any] = {} if text is None else {"content": text}
-                if role:
-                    delta["role"] = "assistant"
-                c: dict[str, Any] = {"index": i, "delta": delta}
-            else:
-                c = {"index": i, "text": text or ""}
-            return {**c, "logprobs": None, "finish_reason": finish}
-
         j = 0
         while await seq.tokens.get() is not FINISHED:
-            st.generation_tokens += len(choices)
+            st.generation_tokens += len(prompts)
             if req.stream:
-                body = b"".join(
-                    event([choice(i, piece(w, j), None, role=j == 0)])
-                    for i, w in enumerate(choices)
-                )
+                body = reply.token_events(j)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
             j += 1
         if seq.aborted:
             return _ABORTED
         st.success_by_reason[reason] += 1
+        completion = j * len(prompts)
         usage = {
             "prompt_tokens": seq.prompt_tokens,
-            "completion_tokens": j * len(choices),
-            "total_tokens": seq.prompt_tokens + j * len(choices),
+            "completion_tokens": completion,
+            "total_tokens": seq.prompt_tokens + completion,
         }
         if req.stream:
-            tail = [event([choice(i, None, reason)]) for i in range(len(choices))]
-            if req.include_usage:
-                tail.append(event([], usage))
-            tail.append(b"data: [DONE]\n\n")
-            await send({"type": "http.response.body", "body": b"".join(tail)})
+            tail = reply.tail_events(usage if req.include_usage else None)
+            await send({"type": "http.response.body", "body": tail})
             return 200
-        out = []
-        for i, w in enumerate(choices):
-            text = "".join(piece(w, k) for k in range(j))
-            body_: dict[str, Any] = (
-                {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            )
-            out.append({"index": i, **body_, "finish_reason": reason, "logprobs": None})
-        return await _send_json(send, 200, {**head, "choices": out, "usage": usage}, hdrs)
+        return await _send_json(send, 200, reply.body(j, usage), hdrs)
 
     def stats_dict(self) -> dict[str, Any]:
         st, sched = self.stats, self.load
