@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,9 +17,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backfill.dev.procs import free_port
 from backfill.sim import BATCH_HEADER, GpuConfig, SimConfig, SimServer
 from backfill.sim.gpu import FINISHED, GpuEngine, GpuSequence, percentile
 
+ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
 SLOW = GpuConfig(step_base_ms=5000, step_per_seq_ms=0, prefill_per_token_ms=0)
 """Steps so slow that the state cannot change while a test looks at it."""
@@ -298,3 +304,57 @@ def test_percentile_nearest_rank() -> None:
     assert percentile([3, 1, 2], 50) == 2
     assert percentile(range(1, 101), 99) == 99
     assert percentile([5], 99) == 5
+
+
+async def test_client_leaving_mid_stream_frees_its_seat_and_cache(
+    client_for: Callable[[SimServer], httpx.AsyncClient],
+) -> None:
+    async with gpu_sim(GpuConfig(step_base_ms=20, step_per_seq_ms=0)) as sim:
+        c = client_for(sim)
+        payload = body(max_tokens=10_000, stream=True)
+        async with c.stream("POST", CHAT, json=payload) as r:
+            async for line in r.aiter_lines():
+                if '"content"' in line:
+                    break  # one token read, then the client leaves
+        g = await until(c, lambda g: g["vllm:num_requests_running"] == 0)
+        assert g["vllm:kv_cache_usage_perc"] == 0
+        lat = await latencies(c)
+        assert (lat["live"]["aborted"], lat["live"]["finished"]) == (1, 0)
+        assert 1 <= lat["live"]["generated_tokens"] < 10_000
+
+
+async def test_latencies_endpoint_needs_gpu_mode() -> None:
+    async with SimServer(SimConfig(latency_ms=0)) as sim, httpx.AsyncClient(base_url=sim.url) as c:
+        r = await c.get("/sim/latencies")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+        assert "gpu" not in (await c.get("/sim/stats")).json()
+
+
+async def test_cli_gpu_flags() -> None:
+    port = free_port()
+    code = "import sys; from backfill.sim import main; sys.exit(main(sys.argv[1:]))"
+    args = ["--port", str(port), "--gpu", "--max-num-seqs", "2", "--step-base-ms", "30"]
+    args += ["--step-per-seq-ms", "0", "--kv-cache-tokens", "50", "--log-level", "warning"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, *args, env=env)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    await c.get("/health")
+                    break
+                except httpx.TransportError:
+                    assert proc.returncode is None and time.monotonic() < deadline
+                    await asyncio.sleep(0.05)  # waiting for a child process to boot
+            assert (await c.post(CHAT, json=body(max_tokens=47))).status_code == 400  # 51 > 50
+            ok = await c.post(CHAT, json=body(max_tokens=3), headers={BATCH_HEADER: "b"})
+            assert ok.status_code == 200
+            lat = await latencies(c)
+            assert lat["batch"]["finished"] == 1 and lat["batch"]["e2e_ms"]["p50"] >= 90
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
