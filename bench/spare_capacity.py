@@ -119,7 +119,8 @@ class Workload:
                 end, rate = t + length, self.live_rate(fill)
                 while (t := t + rng.expovariate(rate)) < end:
                     words = rng.randint(*self.live_prompt_words)
-                    out.append(Arrival(t, words, rng.randint(*self.live_output_tokens)))
+                    tokens = rng.randint(*self.live_output_tokens)
+                    out.append(Arrival(t, words, tokens, busy=fill == self.busy_fill))
                 t = end
         return out
 
@@ -129,6 +130,8 @@ class Arrival:
     at_s: float
     prompt_words: int
     output_tokens: int
+    busy: bool = False
+    """Whether it arrives in a busy phase."""
 
 
 def chat_body(words: int, tokens: int, **extra: Any) -> dict[str, Any]:
@@ -238,8 +241,10 @@ class BackfillBatch:
 
         stack, w = self.stack, self.workload
         url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
+        # "{sim_url}" in a setting (e.g. server_load.metrics_url) is the simulator's base URL.
+        settings = json.loads(json.dumps(self.settings).replace("{sim_url}", stack.sim.url))
         async with httpx.AsyncClient(timeout=30) as http:
-            r = await http.put(url, json=self.settings, headers=auth("sk-test-admin"))
+            r = await http.put(url, json=settings, headers=auth("sk-test-admin"))
             if r.status_code != 200:
                 raise RuntimeError(f"settings refused: {r.status_code} {r.text}")
         body = chat_body(w.batch_prompt_words, w.batch_output_tokens)
@@ -338,6 +343,8 @@ class ModeResult:
     live_tokens_per_s: float
     batch_tokens_per_s: float
     peak_waiting: int
+    live_ttft_ms_quiet: dict[str, float | None] = field(default_factory=dict)
+    live_ttft_ms_busy: dict[str, float | None] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     batch_share_of_spare: float | None = None
     ttft_p99_vs_live_only: float | None = None
@@ -413,6 +420,14 @@ class Bench:
             peak_waiting = engine.peak_waiting
             extra = await load.stop()
         ok = [o for o in outcomes if o.error is None]
+        by_phase = {
+            busy: [
+                o.ttft_s
+                for a, o in zip(self.schedule, outcomes, strict=True)
+                if a.busy == busy and o.ttft_s is not None
+            ]
+            for busy in (False, True)
+        }
         live_recs = [r for r in records if r.traffic == "live"]
         batch_recs = [r for r in records if r.traffic == "batch"]
         result = ModeResult(
@@ -428,6 +443,8 @@ class Bench:
             live_tokens_per_s=window["live"] / window["seconds"],
             batch_tokens_per_s=window["batch"] / window["seconds"],
             peak_waiting=peak_waiting,
+            live_ttft_ms_quiet=dist_ms(by_phase[False]),
+            live_ttft_ms_busy=dist_ms(by_phase[True]),
             extra=extra,
         )
         log(f"mode {mode.name}: {json.dumps(asdict(result))}")
@@ -469,12 +486,17 @@ async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Ben
         async with SimServer(workload.sim_config()) as sim:
             yield Bench(workload, sim)
         return
+    from backfill.dev.procs import free_port
     from bench.common import dev_server
     from tests.e2e.stack import Stack
 
     with tempfile.TemporaryDirectory(prefix="bench-spare-") as tmp:
         async with dev_server(Path(tmp)) as server:
             stack = Stack(Path(tmp), server.address, cap=4, sim=workload.sim_config())
+            # A fixed port, so the simulator is an approved upstream (for a server-load gate)
+            # before the api and worker start.
+            stack.sim = SimServer(workload.sim_config(), port=free_port())
+            stack.extra_env["GATEWAY_LOCAL_UPSTREAMS"] = stack.sim.base_url
             async with stack.running():
                 yield Bench(workload, stack.sim, stack=stack)
 
@@ -489,15 +511,18 @@ def table(capacity: dict[str, Any], spare: float | None, rows: list[ModeResult])
         f"{capacity['modelled_decode_tokens_per_s']:.1f}), spare {spare_text} tok/s\n"
     )
     cols = (
-        "| mode | live TTFT p50 ms | live TTFT p99 ms | p99 vs live only | sim live TTFT p99 ms "
+        "| mode | live TTFT p50 ms | live TTFT p99 ms | p99 vs live only | p99 quiet / busy ms "
+        "| sim live TTFT p99 ms "
         "| live tok/s | batch tok/s | batch share of spare | peak waiting |"
     )
-    lines = [head, cols, "|" + "---|" * 9]
+    lines = [head, cols, "|" + "---|" * 10]
     for r in rows:
         share = None if r.batch_share_of_spare is None else 100 * r.batch_share_of_spare
         lines.append(
             f"| {r.name} | {f(r.live_ttft_ms['p50'])} | {f(r.live_ttft_ms['p99'])} "
-            f"| {f(r.ttft_p99_vs_live_only, '{:.2f}×')} | {f(r.sim_live_ttft_ms['p99'])} "
+            f"| {f(r.ttft_p99_vs_live_only, '{:.2f}×')} "
+            f"| {f(r.live_ttft_ms_quiet['p99'])} / {f(r.live_ttft_ms_busy['p99'])} "
+            f"| {f(r.sim_live_ttft_ms['p99'])} "
             f"| {r.live_tokens_per_s:.1f} | {r.batch_tokens_per_s:.1f} "
             f"| {f(share, '{:.0f} %')} "
             f"| {r.peak_waiting} |"
