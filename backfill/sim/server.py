@@ -6,6 +6,11 @@ models a vLLM engine's capacity (``max_num_seqs`` running, the rest waiting FCFS
 exports vLLM's scheduler gauges on ``/metrics`` and offers test hooks under ``/sim/*``
 (fault injection, traffic statistics). ``SimServer`` runs it on loopback inside the current event
 loop; ``main()`` is the ``backfill sim`` command line.
+
+Two capacity models: by default each request holds a slot for a fixed latency; with
+``SimConfig.gpu`` (``--gpu``) a continuous-batching engine (``backfill.sim.gpu``) decides when each
+token is produced, and ``/sim/latencies`` reports TTFT and end-to-end latency per class (live
+requests, batch lines carrying ``X-Backfill-Batch``).
 """
 
 from __future__ import annotations
