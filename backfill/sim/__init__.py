@@ -5,6 +5,7 @@ fault injection (`backfill.sim.faults`). Tooling, not part of the gateway's core
 """
 
 from backfill.sim.faults import FaultAction, FaultInjector, SimFault
+from backfill.sim.gpu import GpuConfig, GpuEngine, LatencyRecord
 from backfill.sim.server import (
     BATCH_HEADER,
     Scheduler,
@@ -21,6 +22,9 @@ __all__ = [
     "BATCH_HEADER",
     "FaultAction",
     "FaultInjector",
+    "GpuConfig",
+    "GpuEngine",
+    "LatencyRecord",
     "Scheduler",
     "SeenRequest",
     "SimApp",

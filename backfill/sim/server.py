@@ -6,6 +6,11 @@ models a vLLM engine's capacity (``max_num_seqs`` running, the rest waiting FCFS
 exports vLLM's scheduler gauges on ``/metrics`` and offers test hooks under ``/sim/*``
 (fault injection, traffic statistics). ``SimServer`` runs it on loopback inside the current event
 loop; ``main()`` is the ``backfill sim`` command line.
+
+Two capacity models: by default each request holds a slot for a fixed latency; with
+``SimConfig.gpu`` (``--gpu``) a continuous-batching engine (``backfill.sim.gpu``) decides when each
+token is produced, and ``/sim/latencies`` reports TTFT and end-to-end latency per class (live
+requests, batch lines carrying ``X-Backfill-Batch``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from backfill.sim.faults import FaultAction, FaultInjector, SimFault
+from backfill.sim.gpu import (
+    FINISHED,
+    GpuConfig,
+    GpuEngine,
+    GpuSequence,
+    SequenceTooLong,
+    TrafficClass,
+)
+from backfill.sim.gpu_reply import GpuReply
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
@@ -95,6 +109,8 @@ class SimConfig(BaseModel):
     timeout_keep_alive_s: float = Field(default=5.0, gt=0)
     """Seconds an idle keep-alive connection stays open before the server closes it (uvicorn's
     `timeout_keep_alive`; 5 s by default, as in vLLM). Lower it to provoke keep-alive races."""
+    gpu: GpuConfig | None = None
+    """GPU mode (continuous batching, `backfill.sim.gpu`) instead of fixed per-request latency."""
 
     @property
     def metrics_model_name(self) -> str:
@@ -207,7 +223,7 @@ class SimStats:
         (self.live if batch is None else self.batch).concurrent -= 1
         self.by_status[status] += 1
 
-    def reset(self, sched: Scheduler) -> None:
+    def reset(self, sched: Scheduler | GpuEngine) -> None:
         for t in (self.all, self.batch, self.live):
             t.reset()
         self.by_status.clear()
@@ -383,6 +399,11 @@ class SimApp:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.scheduler = Scheduler(config.max_num_seqs, config.scheduling_policy == "priority")
+        self.engine = (
+            None
+            if config.gpu is None
+            else GpuEngine(config.gpu, config.max_num_seqs, config.scheduling_policy == "priority")
+        )
         self.stats = SimStats()
         self.seen: deque[SeenRequest] = deque(maxlen=1024)  # the latest requests, oldest first
         self.faults = FaultInjector(config.faults, seed=config.seed)
@@ -395,6 +416,8 @@ class SimApp:
             ("GET", "/metrics"): self._metrics,
             ("GET", "/sim/stats"): lambda r, s: _send_json(s, 200, self.stats_dict()),
             ("POST", "/sim/stats/reset"): self._reset_stats,
+            ("GET", "/sim/latencies"): self._latencies,
+            ("POST", "/sim/latencies/reset"): self._reset_latencies,
             ("GET", "/sim/faults"): lambda r, s: _send_json(s, 200, self._faults_dict()),
             ("POST", "/sim/faults"): self._add_faults,
             ("DELETE", "/sim/faults"): self._clear_faults,
@@ -425,7 +448,14 @@ class SimApp:
         return (c.latency_ms + c.latency_per_running_ms * max(running - 1, 0)) / 1000.0
 
     @property
+    def load(self) -> Scheduler | GpuEngine:
+        """Where running/waiting/peaks come from: the GPU engine in GPU mode."""
+        return self.scheduler if self.engine is None else self.engine
+
+    @property
     def kv_cache_usage(self) -> float:
+        if self.engine is not None:
+            return self.engine.kv_cache_usage
         return min(1.0, self.scheduler.running * self._kv_per_request)
 
     async def _inference(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
@@ -460,6 +490,11 @@ class SimApp:
         if action is not None and (action.drop or action.status is not None):
             return await self._fail(action, hdrs, receive, send)
         fault_delay = action.delay_s if action else 0.0
+        if self.engine is not None:
+            traffic: TrafficClass = "live" if _BATCH_KEY not in headers else "batch"
+            return await self._respond_gpu(
+                self.engine, req, traffic, fault_delay, hdrs, receive, send
+            )
         sched = self.scheduler
         if fault_delay > 0 or self.processing_delay_s(sched.running + 1) > 0:
             admit = self._admit(req.priority, fault_delay)
@@ -617,8 +652,83 @@ class SimApp:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         return 200
 
+    async def _respond_gpu(
+        self,
+        engine: GpuEngine,
+        req: _Req,
+        traffic: TrafficClass,
+        fault_delay: float,
+        hdrs: list[Header],
+        receive: Receive,
+        send: Send,
+    ) -> int:
+        """GPU mode: the request becomes one engine sequence; each token is sent (streaming) as
+        the step that made it completes."""
+        st, chat, emb = self.stats, req.kind == _CHAT, req.kind == _EMBEDDINGS
+        prompt_tokens = max(1, sum(len(t.split()) for t in req.texts))
+        max_new = 0 if emb else (req.max_tokens or engine.config.default_output_tokens)
+        seq = GpuSequence(prompt_tokens, max_new, req.priority, traffic, "priority" in req.raw)
+        if fault_delay > 0 and not await _until_disconnect(asyncio.sleep(fault_delay), receive):
+            return _ABORTED
+        try:
+            engine.submit(seq)
+        except SequenceTooLong as e:
+            return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+
+        def on_disconnect(t: asyncio.Future[None]) -> None:
+            if not t.cancelled():
+                engine.abort(seq)
+
+        watch.add_done_callback(on_disconnect)
+        try:
+            return await self._gpu_reply(req, seq, chat, hdrs, send)
+        finally:
+            watch.cancel()
+            engine.abort(seq)  # no-op once finished
+            st.prompt_tokens += prompt_tokens
+
+    async def _gpu_reply(
+        self, req: _Req, seq: GpuSequence, chat: bool, hdrs: list[Header], send: Send
+    ) -> int:
+        st = self.stats
+        if req.kind == _EMBEDDINGS:
+            while await seq.tokens.get() is not FINISHED:
+                pass
+            if seq.aborted:
+                return _ABORTED
+            st.success_by_reason["stop"] += 1
+            return await _send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
+        prompts = [p for p in (req.texts[-1:] if chat else req.texts) for _ in range(req.n)]
+        reason = "length" if req.max_tokens else "stop"
+        reply = GpuReply(chat, req.stream, req.model, prompts, reason)
+        if req.stream:
+            start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+            await send({"type": "http.response.start", "status": 200, "headers": start + hdrs})
+        j = 0
+        while await seq.tokens.get() is not FINISHED:
+            st.generation_tokens += len(prompts)
+            if req.stream:
+                body = reply.token_events(j)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            j += 1
+        if seq.aborted:
+            return _ABORTED
+        st.success_by_reason[reason] += 1
+        completion = j * len(prompts)
+        usage = {
+            "prompt_tokens": seq.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": seq.prompt_tokens + completion,
+        }
+        if req.stream:
+            tail = reply.tail_events(usage if req.include_usage else None)
+            await send({"type": "http.response.body", "body": tail})
+            return 200
+        return await _send_json(send, 200, reply.body(j, usage), hdrs)
+
     def stats_dict(self) -> dict[str, Any]:
-        st, sched = self.stats, self.scheduler
+        st, sched = self.stats, self.load
         return {
             "requests_total": st.all.requests_total,
             "responses_by_status": {str(k): v for k, v in st.by_status.items() if k > 0},
@@ -635,12 +745,22 @@ class SimApp:
             "live": st.live.as_dict(),
             "priorities_seen": {str(k): v for k, v in st.priorities.items()},
             "faults_active": len(self.faults),
+            **({} if self.engine is None else {"gpu": self._gpu_dict(self.engine)}),
+        }
+
+    @staticmethod
+    def _gpu_dict(engine: GpuEngine) -> dict[str, Any]:
+        return {
+            "steps": engine.steps,
+            "busy_s": engine.busy_s,
+            "kv_cache_tokens_held": engine.held_tokens,
+            "latencies": engine.log.summary(),
         }
 
     def metrics_text(self) -> str:
         name = self.config.metrics_model_name
         name = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        st, sched = self.stats, self.scheduler
+        st, sched = self.stats, self.load
         return _METRICS.format(
             labels=f'engine="0",model_name="{name}"',
             running=float(sched.running),
@@ -688,8 +808,21 @@ class SimApp:
         return await _send_json(send, 200, self._faults_dict())
 
     async def _reset_stats(self, receive: Receive, send: Send) -> int:
-        self.stats.reset(self.scheduler)
+        self.stats.reset(self.load)
+        if self.engine is not None:
+            self.engine.log.reset()
         return await _send_json(send, 200, self.stats_dict())
+
+    async def _latencies(self, receive: Receive, send: Send) -> int:
+        if self.engine is None:
+            return await _send_json(send, 404, _error_body(404, "Not in GPU mode (--gpu)"))
+        return await _send_json(send, 200, self.engine.log.summary())
+
+    async def _reset_latencies(self, receive: Receive, send: Send) -> int:
+        if self.engine is None:
+            return await _send_json(send, 404, _error_body(404, "Not in GPU mode (--gpu)"))
+        self.engine.log.reset()
+        return await _send_json(send, 200, self.engine.log.summary())
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:
@@ -754,6 +887,8 @@ class SimServer:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
+        if self.app.engine is not None:
+            await self.app.engine.stop()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5.0)
         except TimeoutError:
@@ -791,6 +926,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-token-delay-ms", type=float, default=0.0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("GPU mode", "continuous batching (backfill.sim.gpu)")
+    d = GpuConfig()
+    g.add_argument("--gpu", action="store_true", help="continuous-batching engine model")
+    g.add_argument("--step-base-ms", type=float, default=d.step_base_ms)
+    g.add_argument("--step-per-seq-ms", type=float, default=d.step_per_seq_ms)
+    g.add_argument("--prefill-per-token-ms", type=float, default=d.prefill_per_token_ms)
+    g.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens)
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    g.add_argument("--default-output-tokens", type=int, default=d.default_output_tokens)
     p.add_argument("--log-level", default="info")
     p.add_argument(
         "--timeout-keep-alive",
@@ -808,6 +952,16 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         stream_token_delay_ms=args.stream_token_delay_ms,
         timeout_keep_alive_s=args.timeout_keep_alive,
+        gpu=GpuConfig(
+            step_base_ms=args.step_base_ms,
+            step_per_seq_ms=args.step_per_seq_ms,
+            prefill_per_token_ms=args.prefill_per_token_ms,
+            kv_cache_tokens=args.kv_cache_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            default_output_tokens=args.default_output_tokens,
+        )
+        if args.gpu
+        else None,
     )
     cfg = uvicorn.Config(
         create_app(config),

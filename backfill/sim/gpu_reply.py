@@ -1,0 +1,86 @@
+"""GPU mode's chat/completions bodies, token by token (pure: dicts and SSE bytes, no I/O).
+
+The reply to a prompt is ``Simulated`` followed by the prompt's words, repeated as long as the
+request's token count asks; one word is one token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GpuReply:
+    chat: bool
+    stream: bool
+    model: str
+    prompts: list[str]
+    """The prompt each choice answers (chat: the last message), already repeated for ``n``."""
+    reason: str
+    """``length`` when the request set a token limit, else ``stop``."""
+    head: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        kind = (
+            ("chat.completion.chunk" if self.stream else "chat.completion") if self.chat else None
+        )
+        self.head = {
+            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": kind or "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+        }
+        self._words = [["Simulated", *p.split()] for p in self.prompts]
+
+    def piece(self, choice: int, j: int) -> str:
+        """Token ``j`` of a choice, with its leading space."""
+        words = self._words[choice]
+        return words[j % len(words)] if j == 0 else " " + words[j % len(words)]
+
+    def _choice(self, i: int, text: str | None, finish: str | None, role: bool) -> dict:
+        if self.chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if role:
+                delta["role"] = "assistant"
+            c: dict[str, Any] = {"index": i, "delta": delta}
+        else:
+            c = {"index": i, "text": text or ""}
+        return {**c, "logprobs": None, "finish_reason": finish}
+
+    def _event(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+        obj = {**self.head, "choices": choices}
+        if usage is not None:
+            obj["usage"] = usage
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+    def token_events(self, j: int) -> bytes:
+        """The SSE events carrying token ``j`` of every choice."""
+        return b"".join(
+            self._event([self._choice(i, self.piece(i, j), None, role=j == 0)])
+            for i in range(len(self.prompts))
+        )
+
+    def tail_events(self, usage: dict[str, int] | None) -> bytes:
+        """Finish reasons, the usage chunk (when asked for) and ``[DONE]``."""
+        tail = [
+            self._event([self._choice(i, None, self.reason, False)])
+            for i in range(len(self.prompts))
+        ]
+        if usage is not None:
+            tail.append(self._event([], usage))
+        return b"".join(tail) + b"data: [DONE]\n\n"
+
+    def body(self, tokens: int, usage: dict[str, int]) -> dict[str, Any]:
+        """The non-streaming response after ``tokens`` tokens per choice."""
+        out = []
+        for i in range(len(self.prompts)):
+            text = "".join(self.piece(i, k) for k in range(tokens))
+            part: dict[str, Any] = (
+                {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+            )
+            out.append({"index": i, **part, "finish_reason": self.reason, "logprobs": None})
+        return {**self.head, "choices": out, "usage": usage}
