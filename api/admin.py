@@ -6,12 +6,15 @@ the scheduler's `set_settings` update, so it takes effect at once without restar
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.control import start_scheduler
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
-from api.errors import Forbidden, NotFound
+from api.errors import Forbidden, InvalidRequest, NotFound
 from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
@@ -22,7 +25,8 @@ from api.schemas import (
 )
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from workflows.messages import RouteSettings, SchedulerStatus
+from workflows import refs
+from workflows.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
 from workflows.refs import RouteSchedulerWorkflow
 
 router = APIRouter(
@@ -48,19 +52,37 @@ def _admin_writer(identity: IdentityDep) -> None:
     _require_admin(identity, write=True)
 
 
-def _document(route_id: str, status: SchedulerStatus) -> BatchScheduling:
+async def _document(client: Client, route_id: str, status: SchedulerStatus) -> BatchScheduling:
     return BatchScheduling(
         route=route_id,
         settings=SchedulingSettings.model_validate(status.settings.model_dump()),
         status=SchedulingStatus(
             queued_lines=status.queued_lines,
-            running_lines=status.allotted,
+            running_lines=await _running_lines(client, route_id, status),
             limit=status.limit,
-            state="open",
-            reason=None,
+            live_in_flight=status.live_in_flight,
+            state=status.state,
+            reason=status.reason,
+            reason_detail=status.reason_detail,
+            backoff_until=int(status.backoff_until) if status.backoff_until else None,
             batches=[ScheduledBatch.model_validate(b.model_dump()) for b in status.batches],
         ),
     )
+
+
+async def _running_lines(client: Client, route_id: str, status: SchedulerStatus) -> int:
+    """Lines actually running on the route: each batch's own count (its lines started and not
+    finished), not the allotments. A batch that cannot answer now counts its allotment."""
+
+    async def running(entry: BatchStatusEntry) -> int:
+        handle = client.get_workflow_handle_for(refs.BatchWorkflow.run, entry.batch_id)
+        try:
+            batch = await handle.query(refs.BatchWorkflow.describe)
+        except Exception:
+            return min(entry.allotment, entry.held)
+        return sum(r.running_lines for r in batch.backfill.routes if r.route == route_id)
+
+    return sum(await asyncio.gather(*(running(b) for b in status.batches)))
 
 
 @router.get("/deployments/{route_id}/batch-scheduling", response_model=BatchScheduling)
@@ -87,7 +109,7 @@ async def get_batch_scheduling(
             queued_lines=0,
             batches=[],
         )
-    return _document(route_id, status)
+    return await _document(client, route_id, status)
 
 
 @router.put(
@@ -99,6 +121,13 @@ async def put_batch_scheduling(
     route_id: str, new: RouteSettings, settings: SettingsDep, client: ClientDep
 ) -> BatchScheduling:
     _route_or_404(settings, route_id)
+    route = settings.route(route_id)
+    if new.priority_hint is not None and route is not None and route.provider != "vllm":
+        raise InvalidRequest(
+            f"priority_hint is for vLLM (and other self-hosted OpenAI-compatible) routes; route "
+            f"{route_id!r} is provider {route.provider!r}, which would refuse the field.",
+            param="priority_hint",
+        )
     handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
-    return _document(route_id, await handle.query(RouteSchedulerWorkflow.status))
+    return await _document(client, route_id, await handle.query(RouteSchedulerWorkflow.status))

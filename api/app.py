@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import admin, batches, errors, files, health, proxy
+from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.request_id import RequestIdMiddleware
@@ -44,6 +45,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             )
         app.state.temporal = link
         link.start()
+        reporter = LiveReporter(
+            app.state.live, link, [r.id for m in settings.models for r in m.routes]
+        )
+        reporter.start()
+        app.state.live_reporter = reporter
         try:
             async with httpx.AsyncClient(
                 trust_env=False, follow_redirects=False, limits=UPSTREAM_LIMITS
@@ -51,6 +57,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 app.state.http = http
                 yield
         finally:
+            await reporter.stop()
             await link.stop()
 
     app = FastAPI(title="backfill", lifespan=lifespan)

@@ -171,6 +171,10 @@ class SeenRequest:
     authorization: str | None
     has_priority: bool
     """Whether the body carried a `priority` field at all."""
+    at: float = 0.0
+    """Arrival, `time.monotonic()` seconds."""
+    priority: object = None
+    """The body's `priority` value, if any."""
 
 
 @dataclass
@@ -476,6 +480,8 @@ class SimApp:
                 batch=text(_BATCH_KEY),
                 authorization=text(b"authorization"),
                 has_priority="priority" in req.raw,
+                at=time.monotonic(),
+                priority=req.raw.get("priority"),
             )
         )
 
