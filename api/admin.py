@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.control import start_scheduler
+from activities.load_metrics import approve_metrics_url, configured_bases
+from activities.server_load import ServerLoadReader
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, InvalidRequest, NotFound
 from api.schemas import (
@@ -52,7 +54,11 @@ def _admin_writer(identity: IdentityDep) -> None:
     _require_admin(identity, write=True)
 
 
-async def _document(client: Client, route_id: str, status: SchedulerStatus) -> BatchScheduling:
+async def _document(
+    client: Client, route_id: str, status: SchedulerStatus, reader: ServerLoadReader
+) -> BatchScheduling:
+    load = status.settings.server_load
+    reading = await reader.read(load.metrics_url) if load is not None else None
     return BatchScheduling(
         route=route_id,
         settings=SchedulingSettings.model_validate(status.settings.model_dump()),
@@ -65,6 +71,7 @@ async def _document(client: Client, route_id: str, status: SchedulerStatus) -> B
             reason=status.reason,
             reason_detail=status.reason_detail,
             backoff_until=int(status.backoff_until) if status.backoff_until else None,
+            server_load=reading.model_dump() if reading is not None else None,
             batches=[ScheduledBatch.model_validate(b.model_dump()) for b in status.batches],
         ),
     )
@@ -87,7 +94,11 @@ async def _running_lines(client: Client, route_id: str, status: SchedulerStatus)
 
 @router.get("/deployments/{route_id}/batch-scheduling", response_model=BatchScheduling)
 async def get_batch_scheduling(
-    route_id: str, settings: SettingsDep, client: ClientDep, identity: IdentityDep
+    route_id: str,
+    request: Request,
+    settings: SettingsDep,
+    client: ClientDep,
+    identity: IdentityDep,
 ) -> BatchScheduling:
     _require_admin(identity, write=False)
     initial = _route_or_404(settings, route_id)
@@ -109,7 +120,7 @@ async def get_batch_scheduling(
             queued_lines=0,
             batches=[],
         )
-    return await _document(client, route_id, status)
+    return await _document(client, route_id, status, request.app.state.load_reader)
 
 
 @router.put(
@@ -118,10 +129,15 @@ async def get_batch_scheduling(
     dependencies=[Depends(_admin_writer)],
 )
 async def put_batch_scheduling(
-    route_id: str, new: RouteSettings, settings: SettingsDep, client: ClientDep
+    route_id: str, new: RouteSettings, request: Request, settings: SettingsDep, client: ClientDep
 ) -> BatchScheduling:
     _route_or_404(settings, route_id)
     route = settings.route(route_id)
+    if new.server_load is not None:
+        try:
+            approve_metrics_url(new.server_load.metrics_url, configured_bases(settings))
+        except ValueError as err:
+            raise InvalidRequest(str(err), param="server_load.metrics_url") from None
     if new.priority_hint is not None and route is not None and route.provider != "vllm":
         raise InvalidRequest(
             f"priority_hint is for vLLM (and other self-hosted OpenAI-compatible) routes; route "
@@ -130,4 +146,5 @@ async def put_batch_scheduling(
         )
     handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
-    return await _document(client, route_id, await handle.query(RouteSchedulerWorkflow.status))
+    status = await handle.query(RouteSchedulerWorkflow.status)
+    return await _document(client, route_id, status, request.app.state.load_reader)

@@ -12,6 +12,8 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
+from activities.load_metrics import configured_bases
+from activities.server_load import ServerLoadReader
 from api import admin, batches, errors, files, health, proxy
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
@@ -36,6 +38,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.store = FileStore(settings.data_dir)
+        app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         if client is not None:
             link = TemporalLink.connected(client)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.store import FileObject as StoredFile
+from workflows.load_gate import ServerLoadSettings
+from workflows.windows import TimeWindow
 
 MAX_METADATA_PAIRS = 16
 
@@ -181,9 +183,9 @@ class SchedulingSettings(BaseModel):
     """"Batch lines at once": lines running on the route across every batch and process."""
     yield_to_live_traffic: YieldSetting | None = None
     """"Yield to live traffic" (null: off)."""
-    server_load: dict[str, Any] | None = None
+    server_load: ServerLoadSettings | None = None
     """"Server load signal" (null: off)."""
-    time_window: dict[str, Any] | None = None
+    time_window: TimeWindow | None = None
     """"Time window" (null: any time)."""
     priority_hint: int | None = None
     """vLLM `priority` on batch lines (null: off)."""

@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, field_validator
 from backfill.batches import Batch, BatchError, TokenCounts
 from workflows.gates import Backoff, LiveCount
 from workflows.lanes import Lane
+from workflows.load_gate import LoadReading, ServerLoadSettings
+from workflows.windows import TimeWindow
 
 EndReason = Literal["completed", "expired", "cancelled"]
 
@@ -60,6 +62,11 @@ class RouteSettings(BaseModel):
     max_concurrent_lines: int = Field(default=2, ge=1, le=256)
     """"Batch lines at once": batch lines running on the route across every batch and process."""
     yield_to_live_traffic: YieldToLiveTraffic | None = None
+    server_load: ServerLoadSettings | None = None
+    """"Server load signal": lines start only while the server's own metrics are under every
+    limit set (fails closed)."""
+    time_window: TimeWindow | None = None
+    """"Time window": lines start only inside it (None: any time)."""
     priority_hint: int | None = Field(default=None, ge=1, le=1_000_000)
     """vLLM's `priority` sent in the body of batch lines (never live requests); lower runs first
     under vLLM's priority scheduling policy, so a large value puts batch lines behind live ones.
@@ -113,6 +120,8 @@ class SchedulerInput(BaseModel):
     backoff: Backoff = Field(default_factory=Backoff)
     gate_reason: str | None = None
     """Why the route holds every line back now (None: open); kept to log and count changes."""
+    load: LoadVerdict | None = None
+    """The server-load signal's last verdict (None: none since it was set: closed)."""
 
 
 class BatchStatusEntry(BaseModel):
@@ -163,6 +172,21 @@ class LiveGateView(BaseModel):
     """"Yield to live traffic" (None: off)."""
     counts: dict[str, int] = Field(default_factory=dict)
     """Each process's count as the scheduler holds it (stale ones left out)."""
+
+
+class LoadVerdict(BaseModel):
+    """The server-load watcher's verdict, signalled when it changes (`server_load` signal)."""
+
+    state: Literal["open", "busy", "unavailable"]
+    detail: str | None = None
+    reading: LoadReading | None = None
+
+
+class WatchLoadInput(BaseModel):
+    """The server-load watcher of one route (a long-running activity, while lines wait)."""
+
+    route_id: str
+    settings: ServerLoadSettings
 
 
 class RateLimited(BaseModel):

@@ -27,6 +27,7 @@ from workflows.messages import (
     Demand,
     LiveGateView,
     LiveReport,
+    LoadVerdict,
     PauseRequest,
     RateLimited,
     RouteSettings,
@@ -96,6 +97,10 @@ class RouteSchedulerWorkflow:
 
     @workflow.signal
     def rate_limited(self, r: RateLimited) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def server_load(self, v: LoadVerdict) -> None:
         raise NotImplementedError
 
     @workflow.query

@@ -8,13 +8,17 @@ lines running without asking again, so a line completing adds nothing to this hi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
+    from activities.server_load import ServerLoadActivities
     from workflows import refs
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
@@ -37,11 +41,14 @@ with workflow.unsafe.imports_passed_through():
         Demand,
         LiveGateView,
         LiveReport,
+        LoadVerdict,
         RateLimited,
         RouteSettings,
         SchedulerInput,
         SchedulerStatus,
+        WatchLoadInput,
     )
+    from workflows.windows import window_state
 
 
 @workflow.defn
@@ -55,6 +62,8 @@ class RouteSchedulerWorkflow:
         self._tick_due = False
         self._tick = Alarm(self._on_tick)
         self._gate_alarm = Alarm(self._on_gate_alarm)
+        self._watcher: asyncio.Future[None] | None = None
+        self._watching: WatchLoadInput | None = None
 
     @workflow.run
     async def run(self, input: SchedulerInput) -> None:
@@ -69,8 +78,11 @@ class RouteSchedulerWorkflow:
             self._allocate(gate)
             await self._send_changes()
             self._arm_tick()
-            self._gate_alarm.set(gate.wake_at)
+            # Time matters only while some batch waits: an idle route sets no timer.
+            self._gate_alarm.set(gate.wake_at if self._has_demand else None)
+            self._manage_watcher()
             if workflow.info().is_continue_as_new_suggested() and not self._dirty:
+                await self._stop_watcher()  # in-flight activities do not survive it
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._state)
 
@@ -79,6 +91,50 @@ class RouteSchedulerWorkflow:
 
     def _on_gate_alarm(self) -> None:
         self._dirty = True
+
+    @property
+    def _has_demand(self) -> bool:
+        return any(b.wanted > 0 for b in self._state.batches.values())
+
+    # ---- the server-load watcher ----
+    def _manage_watcher(self) -> None:
+        """Run the watcher (a long-running activity that reads the server's metrics and signals
+        only when its verdict changes) while the signal is on and some batch wants lines."""
+        load = self._state.settings.server_load
+        wanted = (
+            WatchLoadInput(route_id=self._state.route_id, settings=load)
+            if load is not None and self._has_demand
+            else None
+        )
+        running = self._watcher is not None and not self._watcher.done()
+        if running and wanted == self._watching:
+            return
+        if running:
+            assert self._watcher is not None
+            self._watcher.cancel()
+        self._watcher, self._watching = None, None
+        if wanted is None:
+            return
+        self._watching = wanted
+        self._watcher = workflow.start_activity_method(
+            ServerLoadActivities.watch_server_load,
+            wanted,
+            start_to_close_timeout=timedelta(days=30),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+        )
+        self._watcher.add_done_callback(lambda _: self._on_watcher_done())
+
+    def _on_watcher_done(self) -> None:
+        self._dirty = True  # restarted if still wanted
+
+    async def _stop_watcher(self) -> None:
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watcher
+        self._watcher, self._watching = None, None
 
     def _arm_tick(self) -> None:
         """Tick (reconcile, rotate) only while some batch is held back: then a vanished holder
@@ -143,6 +199,12 @@ class RouteSchedulerWorkflow:
         self._state.backoff = back_off(self._state.backoff, now, r.retry_after)
         self._dirty = True
 
+    @workflow.signal
+    def server_load(self, v: LoadVerdict) -> None:
+        """The server-load watcher's verdict changed."""
+        self._state.load = v
+        self._dirty = True
+
     @workflow.query
     def live_gate(self) -> LiveGateView:
         s = self._state
@@ -155,6 +217,8 @@ class RouteSchedulerWorkflow:
 
     @workflow.update
     def set_settings(self, settings: RouteSettings) -> RouteSettings:
+        if settings.server_load != self._state.settings.server_load:
+            self._state.load = None  # a new signal: closed until its first verdict
         self._state.settings = settings
         self._state.replan = True
         self._dirty = True
@@ -171,12 +235,26 @@ class RouteSchedulerWorkflow:
     # ---- decisions ----
     def _gate(self) -> Gate:
         s = self._state
+        now = workflow.now()
         yielding = s.settings.yield_to_live_traffic
+        window_open, window_changes_at = True, None
+        if s.settings.time_window is not None:
+            ws = window_state(s.settings.time_window, now)
+            window_open = ws.open
+            window_changes_at = ws.next_change.timestamp() if ws.next_change else None
+        load_state, load_error = None, None
+        if s.settings.server_load is not None:
+            load_state = s.load.state if s.load else "unavailable"
+            load_error = s.load.detail if s.load else "no reading yet"
         return route_gate(
-            now=workflow.now().timestamp(),
+            now=now.timestamp(),
+            window_open=window_open,
+            window_changes_at=window_changes_at,
             backoff=s.backoff,
             live_threshold=yielding.pause_at_in_flight if yielding else None,
             live=s.live,
+            load_state=load_state,
+            load_error=load_error,
         )
 
     def _allocate(self, gate: Gate) -> None:
