@@ -1,18 +1,17 @@
-"""Reports this api process's live requests in flight to each route's scheduler, but only what
-can change the scheduler's "Yield to live traffic" decision (docs/decisions/0009).
+"""Reports this api process's live requests in flight to each route's scheduler, only when the
+report can matter to "Yield to live traffic" (docs/decisions/0009).
 
-For each route the reporter keeps the scheduler's view (`live_gate` query: the threshold and
-each process's count as the scheduler holds it; queries cost no history), refreshed at most
-every `VIEW_TTL` seconds and only while this process has something it might say. It signals
-`report_live` when:
-- its current count would put the route's sum on the other side of the threshold than the
-  count the scheduler holds for it (a crossing), or
-- the gate is closed with this process's count part of the sum: a keep-alive every
-  `KEEPALIVE_SECONDS`, so a process that dies is forgotten (the scheduler drops counts not
-  renewed within 30 s) rather than holding the route closed.
-While the sum stays below the threshold nothing is sent, however many requests come and go. A
-token bucket per route bounds the signals of one process. Temporal being down never affects
-live traffic: a failed query or signal is logged and tried again on the next change or tick.
+For each route the reporter reads the scheduler's view (`live_gate` query: the threshold and the
+count it holds for each api process; queries cost no history), refreshed at most every
+`VIEW_TTL` seconds and only while this process has live requests on the route or a count held
+there. It signals `report_live` by the rule of `should_report`:
+- below the threshold every registered process has an equal share of the slack, so however
+  counts move inside their shares the true sum stays below the threshold and nothing is sent;
+  a process that outgrows its share reports (the sum may be crossing);
+- at or above it, a process reports when its own drop would reopen the gate, and renews a
+  non-zero count every `KEEPALIVE_SECONDS` so that a process that dies is forgotten within 30 s.
+A token bucket per route bounds one process's signals. Temporal being down never affects live
+traffic: a failed query or signal is logged and tried again on the next change or tick.
 """
 
 from __future__ import annotations
@@ -43,9 +42,12 @@ VIEW_TTL = 0.5
 OFF_VIEW_TTL = 5.0
 """... and while it is off (or there is no scheduler): how soon turning it on is noticed."""
 KEEPALIVE_SECONDS = 10.0
-BUCKET_SIZE = 2.0
-BUCKET_REFILL_PER_SECOND = 0.5
-"""Per route and process: at most 2 signals at once, then one every 2 s."""
+BUCKET_SIZE = 3.0
+BUCKET_REFILL_PER_SECOND = 0.4
+"""Per route and process: at most 3 signals at once, then one every 2.5 s. A crossing and its
+release cost two, so isolated crossings (one every 5 s or more) are reported at once, and a sum
+flapping around the threshold costs the scheduler under 10 history events a second with two
+api processes (each signal ≈ 4 events, plus the allotment signals and acks of a gate change)."""
 
 
 def process_id() -> str:
@@ -54,17 +56,39 @@ def process_id() -> str:
 
 
 def should_report(
-    *, current: int, held: int, others: int, threshold: int | None, since_sent: float
+    *,
+    current: int,
+    held: int | None,
+    others: int,
+    processes: int,
+    threshold: int | None,
+    since_sent: float,
 ) -> bool:
-    """Whether to send `current` when the scheduler holds `held` for this process and `others`
-    for the rest. Pure."""
-    if threshold is None or (current == 0 and held == 0):
+    """Whether to send `current` now. Pure.
+
+    `held` is this process's count as the scheduler holds it (None: not registered there),
+    `others` the other processes' held counts summed, `processes` how many it holds (this one
+    included once registered). Below the threshold each registered process may run up to its
+    held count plus an equal share of the slack, `(threshold - 1 - sum) // processes`, without
+    saying anything: however the counts move within those bounds the true sum stays below the
+    threshold, so the gate is right to be open. Past its bound a process reports (the sum may
+    now cross). At or above the threshold a process reports when its own drop would reopen the
+    gate, and renews its count every `KEEPALIVE_SECONDS` so that a dead process is forgotten."""
+    if threshold is None:
         return False
-    closed_as_held = others + held >= threshold
-    closed_now = others + current >= threshold
-    if closed_now != closed_as_held:
+    if held is None:
+        return current > 0  # register: from now on it shares the slack
+    total = others + held
+    if total >= threshold:  # closed
+        if others + current < threshold:
+            return True
+        return held > 0 and current > 0 and since_sent >= KEEPALIVE_SECONDS
+    share = (threshold - 1 - total) // max(1, processes)
+    if current > held + share:
         return True
-    return closed_now and current > 0 and since_sent >= KEEPALIVE_SECONDS
+    if held > 0 and current == 0:
+        return True  # give the reserved room back
+    return held > 0 and since_sent >= KEEPALIVE_SECONDS
 
 
 @dataclass
@@ -123,20 +147,20 @@ class LiveReporter:
         state = self._routes[route]
         current = self.live.count(route)
         now = time.monotonic()
-        held = state.view.counts.get(self.me, 0) if state.view else 0
-        if current == 0 and held == 0:
+        held_now = state.view.counts.get(self.me, 0) if state.view else 0
+        if current == 0 and held_now == 0:
             return  # nothing to say and nothing held for us
         gate_off = state.view is not None and state.view.threshold is None
         if now - state.view_at >= (OFF_VIEW_TTL if gate_off else VIEW_TTL):
             state.view = await self._view(route)
             state.view_at = now
         assert state.view is not None
-        held = state.view.counts.get(self.me, 0)
-        others = sum(n for p, n in state.view.counts.items() if p != self.me)
+        counts = state.view.counts
         if not should_report(
             current=current,
-            held=held,
-            others=others,
+            held=counts.get(self.me),
+            others=sum(n for p, n in counts.items() if p != self.me),
+            processes=len(counts) + (0 if self.me in counts else 1),
             threshold=state.view.threshold,
             since_sent=now - state.sent_at,
         ):

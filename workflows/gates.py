@@ -24,7 +24,10 @@ REASON_BACKOFF = "Rate limited · backing off"
 QUEUED_SUMMARY = "Queued — waiting for capacity"
 
 LIVE_REPORT_TTL = 30.0
-"""Seconds after which an api process's live count, not renewed, is forgotten (it died)."""
+"""Seconds after which an api process's non-zero live count, not renewed, is forgotten (it died)."""
+REGISTRATION_TTL = 600.0
+"""Seconds an api process that reported 0 stays counted among the reporters (it shares the
+slack below the threshold; see `api.live_reporter`)."""
 MAX_BACKOFF_SECONDS = 60.0
 BACKOFF_RESET_SECONDS = 120.0
 """A rate-limit answer this long after the previous one starts the back-off over at 1 s."""
@@ -60,14 +63,20 @@ class Gate:
     """When the answer may change with time alone (a back-off ending, a live count expiring)."""
 
 
+def _current(c: LiveCount, now: float) -> bool:
+    ttl = LIVE_REPORT_TTL if c.in_flight > 0 else REGISTRATION_TTL
+    return now - c.at < ttl
+
+
 def live_in_flight(counts: dict[str, LiveCount], now: float) -> int:
     """Live requests in flight on the route, summed over every api process still reporting."""
-    return sum(c.in_flight for c in counts.values() if now - c.at < LIVE_REPORT_TTL)
+    return sum(c.in_flight for c in counts.values() if c.in_flight > 0 and _current(c, now))
 
 
 def forget_stale(counts: dict[str, LiveCount], now: float) -> dict[str, LiveCount]:
-    """The counts of processes still reporting (entries older than the TTL dropped)."""
-    return {p: c for p, c in counts.items() if now - c.at < LIVE_REPORT_TTL}
+    """The processes still reporting: a non-zero count not renewed within `LIVE_REPORT_TTL`,
+    and a zero one within `REGISTRATION_TTL`, is dropped."""
+    return {p: c for p, c in counts.items() if _current(c, now)}
 
 
 def live_expiry(counts: dict[str, LiveCount], now: float) -> float | None:

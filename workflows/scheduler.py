@@ -186,9 +186,7 @@ class RouteSchedulerWorkflow:
         and as a keep-alive while the gate is closed by live traffic)."""
         now = workflow.now().timestamp()
         live = forget_stale(self._state.live, now)
-        live[r.process] = LiveCount(in_flight=max(0, r.in_flight), at=now)
-        if r.in_flight <= 0:
-            live.pop(r.process, None)
+        live[r.process] = LiveCount(in_flight=max(0, r.in_flight), at=now)  # 0: registered
         self._state.live = live
         self._dirty = True
 
