@@ -9,11 +9,14 @@ own, so a slow disk never stalls heartbeats or other lines' responses on the eve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import httpx
@@ -34,7 +37,9 @@ from backfill.config import RouteConfig, Settings
 from backfill.store import FileStore
 from workflows.messages import LineInput, LineOutcome
 
-RETRYABLE_STATUS = frozenset({429, 503})
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+"""Answers that say "not now" rather than "no": the line goes back to the queue and the route
+backs off (a bounded number of times, then the answer is recorded)."""
 CONNECT_TIMEOUT = 10.0
 """Seconds to open a connection to the upstream (the line timeout bounds the rest)."""
 MAX_RESENDS = 2
@@ -77,7 +82,12 @@ class LineActivities:
         async with heartbeating():
             answer = await self._send(route, input, request, line_no)
         if answer.retry and not input.final_attempt:
-            return LineOutcome(line=line_no, retry=True, status_code=answer.outcome.status_code)
+            return LineOutcome(
+                line=line_no,
+                retry=True,
+                status_code=answer.outcome.status_code,
+                retry_after=answer.retry_after,
+            )
         return await self._commit(input.batch_id, answer)
 
     def _read(self, input: LineInput) -> tuple[int, bytes | None, bytes]:
@@ -111,6 +121,9 @@ class LineActivities:
             key = os.environ.get(route.api_key_env)
             if key:
                 headers["Authorization"] = f"Bearer {key}"
+        body_obj = request["body"]
+        if input.priority is not None and route.provider == "vllm":
+            body_obj = {**body_obj, "priority": input.priority}  # the route's priority hint
         limit = self.settings.limits.max_response_bytes
         timeout = self._timeout(input)
         try:
@@ -120,7 +133,7 @@ class LineActivities:
                     self.http.build_request(
                         "POST",
                         url,
-                        content=json.dumps(request["body"]).encode(),
+                        content=json.dumps(body_obj).encode(),
                         headers=headers,
                         timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
                     )
@@ -137,6 +150,7 @@ class LineActivities:
                 request_id = resp.headers.get("x-request-id") or new_record_id()
                 status = resp.status_code
                 content_type = resp.headers.get("content-type", "no content type")
+                retry_after = parse_retry_after(resp.headers.get("retry-after"))
         except httpx.ConnectTimeout:
             msg = f"Could not connect to the upstream within {CONNECT_TIMEOUT:g} s."
             return _failed(custom_id, line_no, "connection_error", msg, retry=True)
@@ -146,9 +160,12 @@ class LineActivities:
         except (TimeoutError, httpx.TimeoutException):
             msg = f"No complete response within {timeout:g} s."
             return _failed(custom_id, line_no, "request_timeout", msg)
+        except httpx.TransportError as err:  # reset, closed mid-answer: transient
+            return _failed(custom_id, line_no, "upstream_error", describe_error(err), retry=True)
         except httpx.HTTPError as err:
             return _failed(custom_id, line_no, "upstream_error", describe_error(err))
-        return _answer(custom_id, line_no, status, request_id, content_type, bytes(body))
+        answer = _answer(custom_id, line_no, status, request_id, content_type, bytes(body))
+        return dataclasses.replace(answer, retry_after=retry_after) if answer.retry else answer
 
     async def _send_answered(self, request: httpx.Request) -> httpx.Response:
         """The response (status and headers read, body still streaming) to `request`.
@@ -180,6 +197,8 @@ class Answer:
     data: bytes
     outcome: LineOutcome
     retry: bool = False
+    retry_after: float | None = None
+    """The upstream's Retry-After, in seconds."""
 
 
 def _failed(
@@ -220,3 +239,20 @@ def _answer(
         usage=usage,
     )
     return Answer(data, outcome, status in RETRYABLE_STATUS)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP date (RFC 9110); None when
+    absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

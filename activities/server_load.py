@@ -21,9 +21,13 @@ from urllib.parse import urlsplit
 
 import httpcore
 from temporalio import activity
+from temporalio.client import Client
 
 from activities.load_metrics import approve_metrics_url, parse_load
-from workflows.load_gate import LoadReading, ReadServerLoadInput
+from backfill.ids import scheduler_workflow_id
+from workflows import refs
+from workflows.load_gate import LoadReading, ReadServerLoadInput, load_gate
+from workflows.messages import LoadVerdict, WatchLoadInput
 
 __all__ = ["Resolver", "ServerLoadActivities", "ServerLoadReader", "resolve_host"]
 
@@ -207,12 +211,39 @@ class ServerLoadReader:
         return list(found)
 
 
-class ServerLoadActivities:
-    """The `read_server_load` activity around the process's one `ServerLoadReader`."""
+WATCH_EVERY = 5.0
+"""Seconds between readings while a route's scheduler watches (a reading is reused 5 s)."""
 
-    def __init__(self, reader: ServerLoadReader) -> None:
+
+class ServerLoadActivities:
+    """The server-load activities around the process's one `ServerLoadReader`."""
+
+    def __init__(self, reader: ServerLoadReader, client: Client | None = None) -> None:
         self.reader = reader
+        self.client = client
 
     @activity.defn
     async def read_server_load(self, input: ReadServerLoadInput) -> LoadReading:
         return await self.reader.read(input.metrics_url)
+
+    @activity.defn
+    async def watch_server_load(self, input: WatchLoadInput) -> None:
+        """Read the route's server metrics every `WATCH_EVERY` seconds, for as long as the route's
+        scheduler wants (it cancels this), and signal it only when the verdict changes: a
+        steady server adds nothing to the scheduler's history."""
+        assert self.client is not None, "watch_server_load needs a Temporal client"
+        handle = self.client.get_workflow_handle_for(
+            refs.RouteSchedulerWorkflow.run, scheduler_workflow_id(input.route_id)
+        )
+        last: str | None = None
+        while True:
+            reading = await self.reader.read(input.settings.metrics_url)
+            decision = load_gate(input.settings, reading)
+            if decision.state != last:  # not on every new figure: only what flips the gate
+                await handle.signal(
+                    refs.RouteSchedulerWorkflow.server_load,
+                    LoadVerdict(state=decision.state, detail=decision.detail, reading=reading),
+                )
+                last = decision.state
+            activity.heartbeat()
+            await asyncio.sleep(WATCH_EVERY)

@@ -6,12 +6,17 @@ the scheduler's `set_settings` update, so it takes effect at once without restar
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import asyncio
+
+from fastapi import APIRouter, Depends, Request
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.control import start_scheduler
+from activities.load_metrics import approve_metrics_url, configured_bases
+from activities.server_load import ServerLoadReader
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
-from api.errors import Forbidden, NotFound
+from api.errors import Forbidden, InvalidRequest, NotFound
 from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
@@ -22,7 +27,8 @@ from api.schemas import (
 )
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from workflows.messages import RouteSettings, SchedulerStatus
+from workflows import refs
+from workflows.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
 from workflows.refs import RouteSchedulerWorkflow
 
 router = APIRouter(
@@ -48,24 +54,51 @@ def _admin_writer(identity: IdentityDep) -> None:
     _require_admin(identity, write=True)
 
 
-def _document(route_id: str, status: SchedulerStatus) -> BatchScheduling:
+async def _document(
+    client: Client, route_id: str, status: SchedulerStatus, reader: ServerLoadReader
+) -> BatchScheduling:
+    load = status.settings.server_load
+    reading = await reader.read(load.metrics_url) if load is not None else None
     return BatchScheduling(
         route=route_id,
         settings=SchedulingSettings.model_validate(status.settings.model_dump()),
         status=SchedulingStatus(
             queued_lines=status.queued_lines,
-            running_lines=status.allotted,
+            running_lines=await _running_lines(client, route_id, status),
             limit=status.limit,
-            state="open",
-            reason=None,
+            live_in_flight=status.live_in_flight,
+            state=status.state,
+            reason=status.reason,
+            reason_detail=status.reason_detail,
+            backoff_until=int(status.backoff_until) if status.backoff_until else None,
+            server_load=reading.model_dump() if reading is not None else None,
             batches=[ScheduledBatch.model_validate(b.model_dump()) for b in status.batches],
         ),
     )
 
 
+async def _running_lines(client: Client, route_id: str, status: SchedulerStatus) -> int:
+    """Lines actually running on the route: each batch's own count (its lines started and not
+    finished), not the allotments. A batch that cannot answer now counts its allotment."""
+
+    async def running(entry: BatchStatusEntry) -> int:
+        handle = client.get_workflow_handle_for(refs.BatchWorkflow.run, entry.batch_id)
+        try:
+            batch = await handle.query(refs.BatchWorkflow.describe)
+        except Exception:
+            return min(entry.allotment, entry.held)
+        return sum(r.running_lines for r in batch.backfill.routes if r.route == route_id)
+
+    return sum(await asyncio.gather(*(running(b) for b in status.batches)))
+
+
 @router.get("/deployments/{route_id}/batch-scheduling", response_model=BatchScheduling)
 async def get_batch_scheduling(
-    route_id: str, settings: SettingsDep, client: ClientDep, identity: IdentityDep
+    route_id: str,
+    request: Request,
+    settings: SettingsDep,
+    client: ClientDep,
+    identity: IdentityDep,
 ) -> BatchScheduling:
     _require_admin(identity, write=False)
     initial = _route_or_404(settings, route_id)
@@ -87,7 +120,7 @@ async def get_batch_scheduling(
             queued_lines=0,
             batches=[],
         )
-    return _document(route_id, status)
+    return await _document(client, route_id, status, request.app.state.load_reader)
 
 
 @router.put(
@@ -96,9 +129,22 @@ async def get_batch_scheduling(
     dependencies=[Depends(_admin_writer)],
 )
 async def put_batch_scheduling(
-    route_id: str, new: RouteSettings, settings: SettingsDep, client: ClientDep
+    route_id: str, new: RouteSettings, request: Request, settings: SettingsDep, client: ClientDep
 ) -> BatchScheduling:
     _route_or_404(settings, route_id)
+    route = settings.route(route_id)
+    if new.server_load is not None:
+        try:
+            approve_metrics_url(new.server_load.metrics_url, configured_bases(settings))
+        except ValueError as err:
+            raise InvalidRequest(str(err), param="server_load.metrics_url") from None
+    if new.priority_hint is not None and route is not None and route.provider != "vllm":
+        raise InvalidRequest(
+            f"priority_hint is for vLLM (and other self-hosted OpenAI-compatible) routes; route "
+            f"{route_id!r} is provider {route.provider!r}, which would refuse the field.",
+            param="priority_hint",
+        )
     handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
-    return _document(route_id, await handle.query(RouteSchedulerWorkflow.status))
+    status = await handle.query(RouteSchedulerWorkflow.status)
+    return await _document(client, route_id, status, request.app.state.load_reader)

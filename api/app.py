@@ -12,7 +12,10 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
+from activities.load_metrics import configured_bases
+from activities.server_load import ServerLoadReader
 from api import admin, batches, errors, files, health, proxy
+from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.request_id import RequestIdMiddleware
@@ -35,6 +38,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.store = FileStore(settings.data_dir)
+        app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         if client is not None:
             link = TemporalLink.connected(client)
@@ -44,6 +48,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             )
         app.state.temporal = link
         link.start()
+        reporter = LiveReporter(
+            app.state.live, link, [r.id for m in settings.models for r in m.routes]
+        )
+        reporter.start()
+        app.state.live_reporter = reporter
         try:
             async with httpx.AsyncClient(
                 trust_env=False, follow_redirects=False, limits=UPSTREAM_LIMITS
@@ -51,6 +60,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 app.state.http = http
                 yield
         finally:
+            await reporter.stop()
             await link.stop()
 
     app = FastAPI(title="backfill", lifespan=lifespan)

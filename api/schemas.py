@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.store import FileObject as StoredFile
+from workflows.load_gate import ServerLoadSettings
+from workflows.windows import TimeWindow
 
 MAX_METADATA_PAIRS = 16
 
@@ -179,6 +181,21 @@ class SchedulingSettings(BaseModel):
 
     max_concurrent_lines: int
     """"Batch lines at once": lines running on the route across every batch and process."""
+    yield_to_live_traffic: YieldSetting | None = None
+    """"Yield to live traffic" (null: off)."""
+    server_load: ServerLoadSettings | None = None
+    """"Server load signal" (null: off)."""
+    time_window: TimeWindow | None = None
+    """"Time window" (null: any time)."""
+    priority_hint: int | None = None
+    """vLLM `priority` on batch lines (null: off)."""
+
+
+class YieldSetting(BaseModel):
+    model_config = _Output
+
+    pause_at_in_flight: int
+    """No new batch line while this many live requests are in flight on the route."""
 
 
 class ScheduledBatch(BaseModel):
@@ -205,10 +222,21 @@ class SchedulingStatus(BaseModel):
     queued_lines: int
     """Lines wanted beyond their allotments."""
     running_lines: int
-    """Sum of allotments: lines batches may run now."""
+    """Batch lines running on the route now, counted by the batches themselves."""
     limit: int
-    state: Literal["open"] = "open"
+    """"Batch lines at once"."""
+    live_in_flight: int = 0
+    """Live requests in flight on the route, summed over every api process reporting."""
+    state: Literal["open", "paused"] = "open"
+    """`paused`: a gate holds every new line back; running lines finish."""
     reason: str | None = None
+    """Why lines are held back (one of the documented reasons), or null."""
+    reason_detail: str | None = None
+    """More about the reason (e.g. why the server's metrics could not be read)."""
+    backoff_until: int | None = None
+    """While rate limited: when the back-off ends (unix seconds)."""
+    server_load: dict[str, Any] | None = None
+    """The server load signal's last reading (null while the signal is off)."""
     batches: list[ScheduledBatch]
 
 

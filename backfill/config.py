@@ -154,6 +154,9 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_SCHEDULER_RECONCILE_SECONDS",
     )
     """How often a route's scheduler checks that the batches holding its slots still run."""
+    gateway_local_upstreams: str = Field(default="", validation_alias="GATEWAY_LOCAL_UPSTREAMS")
+    """Comma-separated upstream base URLs (ending in `/v1`) whose `/metrics` a route's server
+    load signal may read, besides the routes' own base URLs."""
     cleanup_interval_seconds: int = Field(
         default=3600, ge=0, validation_alias="BACKFILL_CLEANUP_INTERVAL_SECONDS"
     )

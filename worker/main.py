@@ -18,7 +18,9 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.lines import LineActivities
+from activities.load_metrics import configured_bases
 from activities.retention import RetentionActivities
+from activities.server_load import ServerLoadActivities, ServerLoadReader
 from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
@@ -43,6 +45,7 @@ def activities(
     """Every activity a worker serves, bound to its clients (one list for every worker kind)."""
     lines = LineActivities(settings, store, http)
     control = ControlActivities(settings, client)
+    load = ServerLoadActivities(ServerLoadReader(configured_bases(settings)), client)
     return [
         ValidationActivities(settings, store).validate_input,
         lines.run_line,
@@ -50,6 +53,8 @@ def activities(
         control.report_demand,
         control.find_closed_batches,
         RetentionActivities(store).delete_expired_files,
+        load.read_server_load,
+        load.watch_server_load,
     ]
 
 

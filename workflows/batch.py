@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         LineInput,
         LineOutcome,
         PauseRequest,
+        RateLimited,
         ValidateInput,
     )
 
@@ -64,6 +65,9 @@ CANCEL_REQUEST_KEEPS_RESULTS = "cancel-request-keeps-results"
 """Patch: a workflow cancellation request that lands while the main task awaits an activity or a
 signal cancels the batch like the `cancel` signal. Runs from before it closed as cancelled,
 without files, and must replay so (docs/decisions/0008)."""
+ROUTE_WIDE_BACKOFF = "route-wide-backoff"
+"""Patch: a rate-limited line also signals the route's scheduler (added after batches were
+running), so every batch on the route backs off."""
 
 T = TypeVar("T")
 
@@ -259,6 +263,7 @@ class BatchWorkflow:
                 else None
             ),
             timeout_seconds=self._input.line_timeout_seconds,
+            priority=lane.priority,
         )
         try:
             outcome: LineOutcome = await workflow.execute_activity_method(
@@ -287,6 +292,8 @@ class BatchWorkflow:
             if outcome.retry:
                 lane.requeue(position, tries.model_copy(update={"retries": tries.retries + 1}))
                 lane.back_off(workflow.now().timestamp())
+                if workflow.patched(ROUTE_WIDE_BACKOFF):
+                    await self._signal_rate_limited(lane, outcome.retry_after)
             else:
                 lane.finish(position)
                 self._lines_this_run += 1
@@ -342,6 +349,19 @@ class BatchWorkflow:
                 )
             )
 
+    async def _signal_rate_limited(self, lane: Lane, retry_after: float | None) -> None:
+        """Tell the route's scheduler, so every batch on the route backs off, not only this one."""
+        handle = workflow.get_external_workflow_handle_for(
+            refs.RouteSchedulerWorkflow.run, lane.scheduler_id
+        )
+        try:
+            await handle.signal(
+                refs.RouteSchedulerWorkflow.rate_limited,
+                RateLimited(batch_id=self._b.id, retry_after=retry_after),
+            )
+        except Exception as err:  # the scheduler is gone: this batch's own back-off holds
+            workflow.logger.info("rate limit report to %s failed: %s", lane.scheduler_id, err)
+
     async def _signal_ack(self, lane: Lane, epoch: int) -> None:
         handle = workflow.get_external_workflow_handle_for(
             refs.RouteSchedulerWorkflow.run, lane.scheduler_id
@@ -363,7 +383,7 @@ class BatchWorkflow:
     def set_allotment(self, a: Allotment) -> None:
         for lane in self._lanes:
             if lane.route_id == a.route_id:
-                lane.set_allotment(a.epoch, a.lines)
+                lane.set_allotment(a.epoch, a.lines, a.priority)
         self._dirty = True
 
     # ---- operator controls ----

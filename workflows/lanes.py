@@ -51,6 +51,8 @@ class Lane(BaseModel):
     backoff_level: int = 0
     stopped: bool = False
     """No new line starts (cancelled or expired)."""
+    priority: int | None = None
+    """The route's priority hint, from the scheduler's latest allotment."""
 
     @property
     def scheduler_id(self) -> str:
@@ -96,9 +98,10 @@ class Lane(BaseModel):
     def stop(self) -> None:
         self.stopped = True
 
-    def set_allotment(self, epoch: int, lines: int) -> None:
+    def set_allotment(self, epoch: int, lines: int, priority: int | None = None) -> None:
         if epoch <= self.epoch:
             return  # stale
+        self.priority = priority
         if lines < self.allotment or self.unacked_epoch is not None:
             self.unacked_epoch = epoch
         self.epoch = epoch

@@ -11,7 +11,10 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from backfill.batches import Batch, BatchError, TokenCounts
+from workflows.gates import Backoff, LiveCount
 from workflows.lanes import Lane
+from workflows.load_gate import LoadReading, ServerLoadSettings
+from workflows.windows import TimeWindow
 
 EndReason = Literal["completed", "expired", "cancelled"]
 
@@ -41,13 +44,33 @@ class BatchInput(BaseModel):
     """Carried across continue-as-new; None on the first run."""
 
 
+class YieldToLiveTraffic(BaseModel):
+    """ "Yield to live traffic": no new batch line while this many live requests are in flight
+    on the route, summed over every api process."""
+
+    model_config = {"extra": "forbid"}
+
+    pause_at_in_flight: int = Field(ge=1, le=100_000)
+
+
 class RouteSettings(BaseModel):
-    """The route's batch-scheduling settings, held durably in the scheduler's state."""
+    """The route's batch-scheduling settings, held durably in the scheduler's state. Each gate
+    other than the cap is None when off."""
 
     model_config = {"extra": "forbid"}
 
     max_concurrent_lines: int = Field(default=2, ge=1, le=256)
     """"Batch lines at once": batch lines running on the route across every batch and process."""
+    yield_to_live_traffic: YieldToLiveTraffic | None = None
+    server_load: ServerLoadSettings | None = None
+    """"Server load signal": lines start only while the server's own metrics are under every
+    limit set (fails closed)."""
+    time_window: TimeWindow | None = None
+    """"Time window": lines start only inside it (None: any time)."""
+    priority_hint: int | None = Field(default=None, ge=1, le=1_000_000)
+    """vLLM's `priority` sent in the body of batch lines (never live requests); lower runs first
+    under vLLM's priority scheduling policy, so a large value puts batch lines behind live ones.
+    `vllm` routes only."""
 
     @field_validator("max_concurrent_lines")
     @classmethod
@@ -71,6 +94,8 @@ class BatchSlot(BaseModel):
     """Epoch of the last allotment sent to the batch."""
     sent: int = 0
     """Allotment last sent (so only changes are signalled)."""
+    sent_priority: int | None = None
+    """Priority hint last sent with it."""
     last_served: int = 0
     arrived: int = 0
     """Arrival sequence (queue order among equals)."""
@@ -90,6 +115,13 @@ class SchedulerInput(BaseModel):
     replan: bool = True
     reconcile_seconds: float = 30.0
     """How often slots held by batches are checked against Temporal (vanished batches)."""
+    live: dict[str, LiveCount] = Field(default_factory=dict)
+    """Each api process's last reported live count (by process id)."""
+    backoff: Backoff = Field(default_factory=Backoff)
+    gate_reason: str | None = None
+    """Why the route holds every line back now (None: open); kept to log and count changes."""
+    load: LoadVerdict | None = None
+    """The server-load signal's last verdict (None: none since it was set: closed)."""
 
 
 class BatchStatusEntry(BaseModel):
@@ -115,6 +147,55 @@ class SchedulerStatus(BaseModel):
     queued_lines: int
     """Lines wanted beyond their allotments."""
     batches: list[BatchStatusEntry]
+    state: Literal["open", "paused"] = "open"
+    """`paused`: a gate holds every new line back (running ones finish)."""
+    reason: str | None = None
+    """Why lines are held back: the closed gate's reason, or the cap's when only it holds."""
+    reason_detail: str | None = None
+    live_in_flight: int = 0
+    """Live requests in flight on the route, summed over every api process reporting."""
+    backoff_until: float | None = None
+
+
+class LiveReport(BaseModel):
+    """An api process's live requests in flight on the route (`report_live` signal)."""
+
+    process: str
+    in_flight: int
+
+
+class LiveGateView(BaseModel):
+    """What an api process needs to decide whether its count could change the gate
+    (`live_gate` query: no history)."""
+
+    threshold: int | None
+    """"Yield to live traffic" (None: off)."""
+    counts: dict[str, int] = Field(default_factory=dict)
+    """Each process's count as the scheduler holds it (stale ones left out)."""
+
+
+class LoadVerdict(BaseModel):
+    """The server-load watcher's verdict, signalled when it changes (`server_load` signal)."""
+
+    state: Literal["open", "busy", "unavailable"]
+    detail: str | None = None
+    reading: LoadReading | None = None
+
+
+class WatchLoadInput(BaseModel):
+    """The server-load watcher of one route (a long-running activity, while lines wait)."""
+
+    route_id: str
+    settings: ServerLoadSettings
+
+
+class RateLimited(BaseModel):
+    """A batch line was answered 429/503 or refused: the whole route backs off
+    (`rate_limited` signal)."""
+
+    batch_id: str
+    retry_after: float | None = None
+    """The upstream's Retry-After, in seconds."""
 
 
 # ---- activities ----
@@ -157,6 +238,8 @@ class LineInput(BaseModel):
     """Set when the workflow gives up on a line without sending it (e.g. it was lost too many
     times): commit an error record with this code unless a record already exists."""
     give_up_message: str | None = None
+    priority: int | None = None
+    """vLLM `priority` to put in the body (the route's priority hint; None: leave it)."""
     timeout_seconds: float | None = None
     """The whole exchange's deadline, chosen by the workflow (which sizes the activity's
     start-to-close timeout from the same number). None: the worker's setting (lines scheduled
@@ -170,6 +253,8 @@ class LineOutcome(BaseModel):
     """2xx and committed."""
     retry: bool = False
     """Not committed: rate limited / unavailable / refused; send it again later."""
+    retry_after: float | None = None
+    """With `retry`: the upstream's Retry-After, in seconds."""
     status_code: int | None = None
     error_code: str | None = None
     usage: TokenCounts | None = None
@@ -235,6 +320,8 @@ class Allotment(BaseModel):
     route_id: str
     epoch: int
     lines: int
+    priority: int | None = None
+    """The route's priority hint, sent in each batch line's body (None: none)."""
 
 
 class Ack(BaseModel):

@@ -25,7 +25,11 @@ from workflows.messages import (
     Allotment,
     BatchInput,
     Demand,
+    LiveGateView,
+    LiveReport,
+    LoadVerdict,
     PauseRequest,
+    RateLimited,
     RouteSettings,
     SchedulerInput,
     SchedulerStatus,
@@ -85,6 +89,22 @@ class RouteSchedulerWorkflow:
 
     @workflow.signal
     def ack(self, a: Ack) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def report_live(self, r: LiveReport) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def rate_limited(self, r: RateLimited) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def server_load(self, v: LoadVerdict) -> None:
+        raise NotImplementedError
+
+    @workflow.query
+    def live_gate(self) -> LiveGateView:
         raise NotImplementedError
 
     @workflow.update

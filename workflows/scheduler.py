@@ -8,16 +8,30 @@ lines running without asking again, so a line completing adds nothing to this hi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
+    from activities.server_load import ServerLoadActivities
     from workflows import refs
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
+    from workflows.gates import (
+        REASON_AT_LIMIT,
+        REASON_OTHERS_TURN,
+        Gate,
+        LiveCount,
+        back_off,
+        forget_stale,
+        live_in_flight,
+        route_gate,
+    )
     from workflows.messages import (
         Ack,
         Allotment,
@@ -25,13 +39,16 @@ with workflow.unsafe.imports_passed_through():
         BatchStatusEntry,
         ClosedBatchesInput,
         Demand,
+        LiveGateView,
+        LiveReport,
+        LoadVerdict,
+        RateLimited,
         RouteSettings,
         SchedulerInput,
         SchedulerStatus,
+        WatchLoadInput,
     )
-
-REASON_AT_LIMIT = "At its batch limit"
-REASON_OTHERS_TURN = "Other batches' turn"
+    from workflows.windows import window_state
 
 
 @workflow.defn
@@ -44,6 +61,9 @@ class RouteSchedulerWorkflow:
         self._dirty = True
         self._tick_due = False
         self._tick = Alarm(self._on_tick)
+        self._gate_alarm = Alarm(self._on_gate_alarm)
+        self._watcher: asyncio.Future[None] | None = None
+        self._watching: WatchLoadInput | None = None
 
     @workflow.run
     async def run(self, input: SchedulerInput) -> None:
@@ -54,15 +74,67 @@ class RouteSchedulerWorkflow:
                 self._state.replan = True  # rotates uneven remainders
                 await self._reconcile()
             self._dirty = False
-            self._allocate()
+            gate = self._gate()
+            self._allocate(gate)
             await self._send_changes()
             self._arm_tick()
+            # Time matters only while some batch waits: an idle route sets no timer.
+            self._gate_alarm.set(gate.wake_at if self._has_demand else None)
+            self._manage_watcher()
             if workflow.info().is_continue_as_new_suggested() and not self._dirty:
+                await self._stop_watcher()  # in-flight activities do not survive it
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._state)
 
     def _on_tick(self) -> None:
         self._tick_due = True
+
+    def _on_gate_alarm(self) -> None:
+        self._dirty = True
+
+    @property
+    def _has_demand(self) -> bool:
+        return any(b.wanted > 0 for b in self._state.batches.values())
+
+    # ---- the server-load watcher ----
+    def _manage_watcher(self) -> None:
+        """Run the watcher (a long-running activity that reads the server's metrics and signals
+        only when its verdict changes) while the signal is on and some batch wants lines."""
+        load = self._state.settings.server_load
+        wanted = (
+            WatchLoadInput(route_id=self._state.route_id, settings=load)
+            if load is not None and self._has_demand
+            else None
+        )
+        running = self._watcher is not None and not self._watcher.done()
+        if running and wanted == self._watching:
+            return
+        if running:
+            assert self._watcher is not None
+            self._watcher.cancel()
+        self._watcher, self._watching = None, None
+        if wanted is None:
+            return
+        self._watching = wanted
+        self._watcher = workflow.start_activity_method(
+            ServerLoadActivities.watch_server_load,
+            wanted,
+            start_to_close_timeout=timedelta(days=30),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+        )
+        self._watcher.add_done_callback(lambda _: self._on_watcher_done())
+
+    def _on_watcher_done(self) -> None:
+        self._dirty = True  # restarted if still wanted
+
+    async def _stop_watcher(self) -> None:
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watcher
+        self._watcher, self._watching = None, None
 
     def _arm_tick(self) -> None:
         """Tick (reconcile, rotate) only while some batch is held back: then a vanished holder
@@ -108,8 +180,43 @@ class RouteSchedulerWorkflow:
             del self._state.batches[a.batch_id]
         self._dirty = True
 
+    @workflow.signal
+    def report_live(self, r: LiveReport) -> None:
+        """An api process's live requests in flight (sent only when it could change the gate,
+        and as a keep-alive while the gate is closed by live traffic)."""
+        now = workflow.now().timestamp()
+        live = forget_stale(self._state.live, now)
+        live[r.process] = LiveCount(in_flight=max(0, r.in_flight), at=now)  # 0: registered
+        self._state.live = live
+        self._dirty = True
+
+    @workflow.signal
+    def rate_limited(self, r: RateLimited) -> None:
+        """A line got 429/503 or a refused connection: every batch on the route backs off."""
+        now = workflow.now().timestamp()
+        self._state.backoff = back_off(self._state.backoff, now, r.retry_after)
+        self._dirty = True
+
+    @workflow.signal
+    def server_load(self, v: LoadVerdict) -> None:
+        """The server-load watcher's verdict changed."""
+        self._state.load = v
+        self._dirty = True
+
+    @workflow.query
+    def live_gate(self) -> LiveGateView:
+        s = self._state
+        yielding = s.settings.yield_to_live_traffic
+        now = workflow.now().timestamp()
+        return LiveGateView(
+            threshold=yielding.pause_at_in_flight if yielding else None,
+            counts={p: c.in_flight for p, c in forget_stale(s.live, now).items()},
+        )
+
     @workflow.update
     def set_settings(self, settings: RouteSettings) -> RouteSettings:
+        if settings.server_load != self._state.settings.server_load:
+            self._state.load = None  # a new signal: closed until its first verdict
         self._state.settings = settings
         self._state.replan = True
         self._dirty = True
@@ -121,12 +228,43 @@ class RouteSchedulerWorkflow:
 
     @workflow.query
     def status(self) -> SchedulerStatus:
-        return scheduler_status(self._state)
+        return scheduler_status(self._state, self._gate(), workflow.now().timestamp())
 
     # ---- decisions ----
-    def _allocate(self) -> None:
+    def _gate(self) -> Gate:
         s = self._state
-        cap = s.settings.max_concurrent_lines
+        now = workflow.now()
+        yielding = s.settings.yield_to_live_traffic
+        window_open, window_changes_at = True, None
+        if s.settings.time_window is not None:
+            ws = window_state(s.settings.time_window, now)
+            window_open = ws.open
+            window_changes_at = ws.next_change.timestamp() if ws.next_change else None
+        load_state, load_error = None, None
+        if s.settings.server_load is not None:
+            load_state = s.load.state if s.load else "unavailable"
+            load_error = s.load.detail if s.load else "no reading yet"
+        return route_gate(
+            now=now.timestamp(),
+            window_open=window_open,
+            window_changes_at=window_changes_at,
+            backoff=s.backoff,
+            live_threshold=yielding.pause_at_in_flight if yielding else None,
+            live=s.live,
+            load_state=load_state,
+            load_error=load_error,
+        )
+
+    def _allocate(self, gate: Gate) -> None:
+        s = self._state
+        if gate.reason != s.gate_reason:
+            workflow.logger.info(
+                "route %s: %s", s.route_id, f"paused ({gate.reason})" if gate.reason else "open"
+            )
+            s.gate_reason = gate.reason
+            s.replan = True
+        # A closed gate: every allotment drops to zero; running lines finish.
+        cap = s.settings.max_concurrent_lines if gate.open else 0
         claims = [
             Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served)
             for b in s.batches.values()
@@ -148,17 +286,28 @@ class RouteSchedulerWorkflow:
             slot.held = step.held.get(batch_id, slot.held)
 
     async def _send_changes(self) -> None:
-        changed = [b for b in self._state.batches.values() if b.allotment != b.sent]
+        priority = self._state.settings.priority_hint
+        changed = [
+            b
+            for b in self._state.batches.values()
+            if b.allotment != b.sent or b.sent_priority != priority
+        ]
         for slot in changed:
             slot.epoch += 1
             slot.sent = slot.allotment
+            slot.sent_priority = priority
         if not changed:
             return
         results = await _gather(
             [
                 workflow.get_external_workflow_handle(slot.batch_id).signal(
                     refs.BatchWorkflow.set_allotment,
-                    Allotment(route_id=self._state.route_id, epoch=slot.epoch, lines=slot.sent),
+                    Allotment(
+                        route_id=self._state.route_id,
+                        epoch=slot.epoch,
+                        lines=slot.sent,
+                        priority=priority,
+                    ),
                 )
                 for slot in changed
             ]
@@ -192,8 +341,8 @@ async def _gather(coros: list[Awaitable[None]]) -> list[BaseException | None]:
     return [r if isinstance(r, BaseException) else None for r in results]
 
 
-def scheduler_status(s: SchedulerInput) -> SchedulerStatus:
-    """The status query's answer, derived from state (pure)."""
+def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStatus:
+    """The status query's answer, derived from state and the gate (pure)."""
     cap = s.settings.max_concurrent_lines
     held = sum(b.held for b in s.batches.values())
     waiting = sorted(
@@ -205,9 +354,9 @@ def scheduler_status(s: SchedulerInput) -> SchedulerStatus:
     for b in sorted(s.batches.values(), key=lambda b: (b.arrived, b.batch_id)):
         reason = None
         if b.wanted > b.allotment:
-            # Held back by the route's limit itself, or by slots other batches hold.
+            # A closed gate, else the route's limit itself or slots other batches hold.
             others = held - b.held
-            reason = REASON_OTHERS_TURN if others > 0 else REASON_AT_LIMIT
+            reason = gate.reason or (REASON_OTHERS_TURN if others > 0 else REASON_AT_LIMIT)
         entries.append(
             BatchStatusEntry(
                 batch_id=b.batch_id,
@@ -219,12 +368,18 @@ def scheduler_status(s: SchedulerInput) -> SchedulerStatus:
                 reason=reason,
             )
         )
+    queued = sum(max(0, b.wanted - b.allotment) for b in s.batches.values())
     return SchedulerStatus(
         route_id=s.route_id,
         settings=s.settings,
         limit=cap,
         allotted=sum(b.allotment for b in s.batches.values()),
         held=held,
-        queued_lines=sum(max(0, b.wanted - b.allotment) for b in s.batches.values()),
+        queued_lines=queued,
         batches=entries,
+        state="open" if gate.open else "paused",
+        reason=gate.reason or (REASON_AT_LIMIT if queued else None),
+        reason_detail=gate.detail,
+        live_in_flight=live_in_flight(s.live, now),
+        backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
     )

@@ -193,6 +193,10 @@ class SeenRequest:
     authorization: str | None
     has_priority: bool
     """Whether the body carried a `priority` field at all."""
+    at: float = 0.0
+    """Arrival, `time.monotonic()` seconds."""
+    priority: object = None
+    """The body's `priority` value, if any."""
 
 
 @dataclass
@@ -520,6 +524,8 @@ class SimApp:
                 batch=text(_BATCH_KEY),
                 authorization=text(b"authorization"),
                 has_priority="priority" in req.raw,
+                at=time.monotonic(),
+                priority=req.raw.get("priority"),
             )
         )
 
@@ -887,8 +893,9 @@ class SimServer:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
-        if self.app.engine is not None:
-            await self.app.engine.stop()
+        engine = getattr(self.app, "engine", None)  # tests may serve another ASGI app
+        if engine is not None:
+            await engine.stop()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5.0)
         except TimeoutError:

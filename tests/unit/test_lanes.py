@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from workflows.gates import Gate
 from workflows.lanes import Lane, Tries, demand_to_report
 from workflows.messages import BatchSlot, RouteSettings, SchedulerInput
 from workflows.scheduler import scheduler_status
@@ -105,8 +106,12 @@ def test_scheduler_status_reasons_and_queue_positions() -> None:
         "a": BatchSlot(batch_id="a", workspace="w1", wanted=10, allotment=2, held=2, arrived=1),
         "b": BatchSlot(batch_id="b", workspace="w2", wanted=5, allotment=0, held=0, arrived=2),
     }
-    st = scheduler_status(s)
+    st = scheduler_status(s, Gate(True), 0.0)
     by_id = {b.batch_id: b for b in st.batches}
     assert by_id["b"].reason == "Other batches' turn" and by_id["b"].queue_position is not None
     assert by_id["a"].reason == "At its batch limit"
     assert st.queued_lines == 8 + 5 and st.held == 2 and st.limit == 2
+    assert (st.state, st.reason) == ("open", "At its batch limit")
+    closed = scheduler_status(s, Gate(False, "Yielding to live traffic"), 0.0)
+    assert (closed.state, closed.reason) == ("paused", "Yielding to live traffic")
+    assert {b.reason for b in closed.batches} == {"Yielding to live traffic"}

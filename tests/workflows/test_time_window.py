@@ -1,0 +1,148 @@
+"""The time-window gate on the time-skipping server: a batch created at 17:00 New York time on a
+route whose window is 19:00–07:00 (every day) starts no line before 19:00, stops starting lines
+at 07:00 and goes on at 19:00 the next evening; the scheduler sleeps on timers, never polls.
+
+Lines are made slow in workflow time, not wall time: each attempt but the last is answered
+"rate limited, retry after 50 minutes", so a line takes hours of skipped time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+import pytest_asyncio
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.control import ControlActivities
+from activities.finalizing import FinalizeActivities
+from activities.validation import ValidationActivities
+from backfill.dev.devserver import test_server_path
+from backfill.ids import scheduler_workflow_id
+from tests.workflows.test_expiry import Harness, start_batch
+from workflows import refs
+from workflows.batch import BatchWorkflow
+from workflows.messages import LineInput, LineOutcome, RouteSettings, SchedulerInput
+from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.windows import TimeWindow
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+NEW_YORK = ZoneInfo("America/New_York")
+RETRY_AFTER = 3000.0
+
+
+class SlowLines(Harness):
+    def __init__(self, env: WorkflowEnvironment, tmp: Path) -> None:
+        super().__init__(env, tmp)
+        self.starts: list[datetime] = []
+
+    @activity.defn(name="run_line")
+    async def run_line(self, input: LineInput) -> LineOutcome:
+        self.starts.append(activity.info().current_attempt_scheduled_time)
+        line_no = self.store.line_number(input.batch_id, input.route_index, input.position)
+        if not input.final_attempt:
+            return LineOutcome(line=line_no, retry=True, status_code=429, retry_after=RETRY_AFTER)
+        raw = self.store.read_line(input.batch_id, input.input_file_id, line_no)
+        record = {
+            "id": f"batch_req_{line_no}",
+            "custom_id": json.loads(raw)["custom_id"],
+            "response": {"status_code": 200, "request_id": "r", "body": {}},
+            "error": None,
+        }
+        self.store.commit_result(input.batch_id, line_no, json.dumps(record).encode())
+        return LineOutcome(line=line_no, ok=True, status_code=200)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def slow(tmp_path: Path) -> AsyncIterator[SlowLines]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(test_server_path()),
+        data_converter=pydantic_data_converter,
+    )
+    h = SlowLines(env, tmp_path)
+    control = ControlActivities(h.settings, env.client)
+    async with Worker(
+        env.client,
+        task_queue=h.settings.task_queue,
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+        activities=[
+            ValidationActivities(h.settings, h.store).validate_input,
+            h.run_line,
+            FinalizeActivities(h.store).finalize_batch,
+            control.report_demand,
+            control.find_closed_batches,
+        ],
+    ):
+        yield h
+    await env.shutdown()
+
+
+def local(t: datetime) -> datetime:
+    return t.astimezone(NEW_YORK)
+
+
+async def test_a_batch_waits_for_its_window_and_stops_starting_lines_when_it_closes(
+    slow: SlowLines,
+) -> None:
+    h = slow
+    now = await h.env.get_current_time()
+    five_pm = local(now).replace(hour=17, minute=0, second=0, microsecond=0)
+    if five_pm <= local(now):
+        five_pm += timedelta(days=1)
+    await h.env.sleep(five_pm.astimezone(UTC) - now)  # to 17:00 New York time
+
+    window = TimeWindow.model_validate(
+        {
+            "time_zone": "America/New_York",
+            "days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+            "from": "19:00",
+            "until": "07:00",
+        }
+    )
+    # Started with the window in its settings: the time-skipping server does not skip time
+    # after a workflow update (the api's PUT path is covered on the dev server).
+    scheduler = await h.client.start_workflow(
+        refs.RouteSchedulerWorkflow.run,
+        SchedulerInput(
+            route_id=h.route,
+            settings=RouteSettings(max_concurrent_lines=1, time_window=window),
+            reconcile_seconds=h.settings.scheduler_reconcile_seconds,
+        ),
+        id=scheduler_workflow_id(h.route),
+        task_queue=h.settings.task_queue,
+    )
+    created_at = local(await h.env.get_current_time())
+    assert (created_at.hour, created_at.minute) == (17, 0)
+    status = await scheduler.query(refs.RouteSchedulerWorkflow.status)
+    assert (status.state, status.reason) == ("paused", "Outside its time window")
+
+    batch_id, _ = await start_batch(h, 3, "72h")  # 3 lines × 6 attempts × 50 min ≈ 15 h
+    handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
+    # Skip time an hour at a time (this server does not skip while a client waits on a result).
+    for _ in range(48):
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            break
+        await h.env.sleep(timedelta(hours=1))
+    batch = await handle.result()
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+
+    starts = sorted(local(t) for t in h.starts)
+    assert len(starts) == 3 * 6
+    opening = created_at.replace(hour=19, minute=0, second=0, microsecond=0)
+    assert starts[0] >= opening and starts[0] - opening < timedelta(minutes=1)
+    for t in starts:  # every attempt inside the window: 19:00–07:00 local
+        assert t.hour >= 19 or t.hour < 7, t
+    mornings = {(t - timedelta(hours=12)).date() for t in starts}
+    assert len(mornings) == 2, starts  # it ran on two evenings: the window closed in between
+    closing = (opening + timedelta(hours=12)).replace(hour=7)
+    before = [t for t in starts if t < closing]
+    after = [t for t in starts if t >= closing]
+    assert before and after and after[0] >= closing.replace(hour=19)
