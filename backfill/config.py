@@ -150,6 +150,14 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_WORKER_LOOP_LAG_LOG_SECONDS",
     )
     """If set, the worker logs its event loop's lag (p50/p99/max) this often (INFO level)."""
+    worker_metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, validation_alias="BACKFILL_WORKER_METRICS_PORT"
+    )
+    """If set, the worker serves the Temporal SDK's Prometheus metrics on this port (`/metrics`)."""
+    worker_metrics_host: str = Field(
+        default="127.0.0.1", validation_alias="BACKFILL_WORKER_METRICS_HOST"
+    )
+    """Address the worker's metrics listen on (`0.0.0.0` in a container Prometheus scrapes)."""
     worker_shutdown_grace_seconds: float | None = Field(
         default=None,
         ge=0,

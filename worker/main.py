@@ -151,7 +151,10 @@ class StopSignals:
 
 
 async def serve(settings: Settings) -> None:
-    client = await connect(settings)
+    metrics = None
+    if settings.worker_metrics_port is not None:
+        metrics = f"{settings.worker_metrics_host}:{settings.worker_metrics_port}"
+    client = await connect(settings, metrics_bind=metrics)
     signals = StopSignals(settings.shutdown_grace_seconds)
     signals.install(asyncio.get_running_loop())
     warn_missing_upstream_keys(settings)
