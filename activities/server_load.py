@@ -12,6 +12,7 @@ every failure is a `LoadReading` with `error` set, which the gate treats as clos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 import time
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 import httpcore
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 
 from activities.load_metrics import approve_metrics_url, parse_load
 from backfill.ids import scheduler_workflow_id
@@ -246,4 +248,9 @@ class ServerLoadActivities:
                 )
                 last = decision.state
             activity.heartbeat()
-            await asyncio.sleep(WATCH_EVERY)
+            # A worker shutting down waits for its running activities: this one never ends by
+            # itself, so it fails (retryable) and the scheduler's retry runs it on another worker.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(activity.wait_for_worker_shutdown(), WATCH_EVERY)
+            if activity.is_worker_shutdown():
+                raise ApplicationError("worker shutting down", type="WorkerShutdown")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import uvicorn
 
 from api.app import create_app
-from backfill.config import LOOPBACK_HOSTS, Settings
+from backfill.config import LOOPBACK_HOSTS, Settings, warn_missing_upstream_keys
 
 
 class UnsafeConfig(Exception):
@@ -25,10 +27,12 @@ def check_exposure(settings: Settings) -> None:
 
 def run(settings: Settings) -> None:
     check_exposure(settings)
+    warn_missing_upstream_keys(settings)  # the live proxy sends the routes' keys too
     uvicorn.run(
         create_app(settings),
         host=settings.api_host,
         port=settings.api_port,
-        log_level="info",
+        # BACKFILL_LOG_LEVEL (configured on the root logger by the CLI) for uvicorn's loggers too.
+        log_level=logging.getLogger().getEffectiveLevel(),
         access_log=False,
     )

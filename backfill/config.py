@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import tomllib
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -148,6 +150,22 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_WORKER_LOOP_LAG_LOG_SECONDS",
     )
     """If set, the worker logs its event loop's lag (p50/p99/max) this often (INFO level)."""
+    worker_metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, validation_alias="BACKFILL_WORKER_METRICS_PORT"
+    )
+    """If set, the worker serves the Temporal SDK's Prometheus metrics on this port (`/metrics`)."""
+    worker_metrics_host: str = Field(
+        default="127.0.0.1", validation_alias="BACKFILL_WORKER_METRICS_HOST"
+    )
+    """Address the worker's metrics listen on (`0.0.0.0` in a container Prometheus scrapes)."""
+    worker_shutdown_grace_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        validation_alias="BACKFILL_WORKER_SHUTDOWN_GRACE_SECONDS",
+    )
+    """How long a worker told to stop (SIGTERM, SIGINT) lets its running lines finish before it
+    cancels them and exits; unset: `limits.line_timeout_seconds`, so every line can finish. A
+    second signal exits at once."""
     scheduler_reconcile_seconds: float = Field(
         default=30.0,
         gt=0,
@@ -195,6 +213,13 @@ class Settings(BaseSettings):
                 seen_routes.add(r.id)
         return self
 
+    @property
+    def shutdown_grace_seconds(self) -> float:
+        """`worker_shutdown_grace_seconds`, or the line timeout when unset."""
+        if self.worker_shutdown_grace_seconds is not None:
+            return self.worker_shutdown_grace_seconds
+        return self.limits.line_timeout_seconds
+
     def model(self, model_id: str) -> ModelConfig | None:
         return next((m for m in self.models if m.id == model_id), None)
 
@@ -232,6 +257,29 @@ class _ScalarEnv(EnvSettingsSource):
         if field_name in FILE_ONLY:
             return None, field_name, False
         return super().get_field_value(field, field_name)
+
+
+def missing_upstream_keys(settings: Settings, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(route id, variable name) of every route whose `api_key_env` names a variable that is
+    unset or empty in `environ`: its lines would go out without a key (and likely get 401)."""
+    return [
+        (route.id, route.api_key_env)
+        for model in settings.models
+        for route in model.routes
+        if route.api_key_env and not environ.get(route.api_key_env)
+    ]
+
+
+def warn_missing_upstream_keys(settings: Settings) -> None:
+    """Log a warning per route whose upstream key variable is unset (at api and worker start).
+    Only the variable's name is logged, never a value."""
+    for route_id, name in missing_upstream_keys(settings, os.environ):
+        logging.getLogger(__name__).warning(
+            "route %r: api_key_env names %s, which is not set: its requests go out without "
+            "an Authorization header",
+            route_id,
+            name,
+        )
 
 
 DEV_KEY = "sk-backfill-dev"

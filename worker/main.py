@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -22,7 +23,7 @@ from activities.load_metrics import configured_bases
 from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities, ServerLoadReader
 from activities.validation import ValidationActivities
-from backfill.config import Settings
+from backfill.config import Settings, warn_missing_upstream_keys
 from backfill.store import FileStore
 from backfill.temporal_client import connect
 from worker.lag import log_every
@@ -115,17 +116,48 @@ async def running_worker(
             max_concurrent_activities=settings.worker_max_concurrent_activities,
             activity_task_poller_behavior=ACTIVITY_POLLERS,
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+            graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
         )
         async with worker:
             yield worker
 
 
+class StopSignals:
+    """The first SIGTERM/SIGINT asks for a graceful stop (`requested` is set: the worker stops
+    polling and lets its running lines finish); a second one exits the process at once."""
+
+    def __init__(self, grace_seconds: float) -> None:
+        self.requested = asyncio.Event()
+        self.grace_seconds = grace_seconds
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.received, sig)
+
+    def received(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if not self.requested.is_set():
+            log.info(
+                "%s: worker stopping: no new lines; running lines get up to %g s to finish "
+                "(a second signal exits at once)",
+                name,
+                self.grace_seconds,
+            )
+            self.requested.set()
+            return
+        log.warning("%s again: exiting at once; running lines are lost and run again", name)
+        logging.shutdown()  # flush the log before leaving without cleanup
+        os._exit(128 + sig)
+
+
 async def serve(settings: Settings) -> None:
-    client = await connect(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    metrics = None
+    if settings.worker_metrics_port is not None:
+        metrics = f"{settings.worker_metrics_host}:{settings.worker_metrics_port}"
+    client = await connect(settings, metrics_bind=metrics)
+    signals = StopSignals(settings.shutdown_grace_seconds)
+    signals.install(asyncio.get_running_loop())
+    warn_missing_upstream_keys(settings)
     await ensure_schedule(client, settings)
     lag_task = None
     if settings.worker_loop_lag_log_seconds is not None:
@@ -134,10 +166,12 @@ async def serve(settings: Settings) -> None:
         log.info(
             "worker polling task queue %r at %s", settings.task_queue, settings.temporal_address
         )
-        await stop.wait()
+        await signals.requested.wait()
         if lag_task is not None:
             lag_task.cancel()
-        log.info("worker stopping")
+    # Leaving the block shut the worker down: polling stopped at once, running activities had
+    # up to `graceful_shutdown_timeout` (they keep heartbeating meanwhile), then were cancelled.
+    log.info("worker stopped")
 
 
 def run(settings: Settings) -> None:
