@@ -25,7 +25,9 @@ from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from worker.exporter import Exporter
 from worker.lag import log_every
+from worker.metrics_server import MetricsServer, sdk_metrics_bind
 from worker.retention import ensure_schedule
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
@@ -120,8 +122,28 @@ async def running_worker(
             yield worker
 
 
+def start_metrics(settings: Settings, sdk_bind: str) -> MetricsServer | None:
+    """The worker's `/metrics` (ours and the SDK's), or None when its port is taken: the
+    worker still runs (its lines matter more than its metrics); the scrape target shows down."""
+    try:
+        server = MetricsServer(settings.worker_metrics_host, settings.worker_metrics_port, sdk_bind)
+    except OSError as err:
+        log.error(
+            "worker /metrics cannot listen on %s:%s: %s",
+            settings.worker_metrics_host,
+            settings.worker_metrics_port,
+            err,
+        )
+        return None
+    log.info("worker /metrics on %s:%s", settings.worker_metrics_host, server.port)
+    return server.start()
+
+
 async def serve(settings: Settings) -> None:
-    client = await connect(settings)
+    sdk_bind = sdk_metrics_bind()
+    client = await connect(settings, metrics_bind=sdk_bind)
+    metrics_server = start_metrics(settings, sdk_bind)
+    exporter = asyncio.create_task(Exporter(client, settings).run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -137,7 +159,10 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         if lag_task is not None:
             lag_task.cancel()
+        exporter.cancel()
         log.info("worker stopping")
+    if metrics_server is not None:
+        metrics_server.stop()
 
 
 def run(settings: Settings) -> None:
