@@ -31,4 +31,5 @@ def run(settings: Settings) -> None:
         port=settings.api_port,
         log_level="info",
         access_log=False,
+        log_config=None,  # uvicorn's lines go through the root handler: text or JSON alike
     )
