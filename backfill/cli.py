@@ -32,10 +32,15 @@ def configure_logging() -> None:
     logging.basicConfig(level=level if level is not None else logging.INFO, format=LOG_FORMAT)
     log_format = os.environ.get("BACKFILL_LOG_FORMAT", "text").strip().lower()
     if log_format == "json":
+        from temporalio import activity, workflow
+
         from backfill.logs import JsonFormatter
 
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonFormatter())
+        # The workflow's or activity's ids are fields of their own: not repeated in the message.
+        workflow.logger.workflow_info_on_message = False
+        activity.logger.activity_info_on_message = False
     if level is None or level > logging.DEBUG:
         # httpx logs every request at INFO (each upstream call, each health poll): too chatty.
         for noisy in ("httpx", "httpcore"):

@@ -5,6 +5,7 @@ not)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ async def test_a_closed_gate_shows_on_the_worker_and_live_latency_on_the_api(
     tmp_path: Path, dev_server: TemporalServer
 ) -> None:
     sim = SimConfig(model_names=[], latency_ms=400, stream_token_delay_ms=500)
-    stack = Stack(tmp_path, dev_server.address, cap=2, sim=sim, extra_env=FAST_EXPORT)
+    logs = {"BACKFILL_LOG_FORMAT": "json", "BACKFILL_LOG_LEVEL": "INFO"}
+    stack = Stack(tmp_path, dev_server.address, cap=2, sim=sim, extra_env=FAST_EXPORT | logs)
     route = stack.route_id
     async with stack.running(), httpx.AsyncClient(timeout=30) as http:
         await put_settings(
@@ -58,7 +60,7 @@ async def test_a_closed_gate_shows_on_the_worker_and_live_latency_on_the_api(
             http,
             {"max_concurrent_lines": 2, "yield_to_live_traffic": {"pause_at_in_flight": 1}},
         )
-        await submit(stack, 60)
+        batch_id = await submit(stack, 60)
         running = await poll_until(
             lambda: scrape(http, worker_url(stack)),
             lambda m: (
@@ -108,6 +110,30 @@ async def test_a_closed_gate_shows_on_the_worker_and_live_latency_on_the_api(
             value(done, "gateway_batch_line_outcomes_total", provider=route, outcome="2xx") or 0
         ) >= 1
         assert (value(done, "gateway_batch_line_seconds_count", provider=route) or 0) >= 1
+        # JSON logs: one line per batch state change, gate change and allotment change, each
+        # with the batch, route and workspace it is about; never the key.
+        lines = json_lines(tmp_path / "worker0.log")
+        workspace = stack.workspaces["alpha"]
+        assert any(
+            line.get("batch_id") == batch_id
+            and line.get("workspace") == workspace
+            and line.get("status") == "in_progress"
+            and line.get("routes") == [route]
+            for line in lines
+        ), lines[-20:]
+        assert any(
+            line.get("route") == route and line.get("reason") == "Yielding to live traffic"
+            for line in lines
+        ), lines[-20:]
+        assert any(
+            line.get("route") == route
+            and line.get("batch_id") == batch_id
+            and line.get("workspace") == workspace
+            and "allotment" in line["message"]
+            for line in lines
+        ), lines[-20:]
+        for log in ("worker0.log", "api.log"):
+            assert "sk-test-" not in (tmp_path / log).read_text()
 
 
 async def test_a_hung_upstream_stalls_its_batch_and_a_cap_held_elsewhere_does_not(
@@ -158,3 +184,12 @@ async def test_a_hung_upstream_stalls_its_batch_and_a_cap_held_elsewhere_does_no
             if name == "gateway_batch_stall_seconds" and ("batch", hung) in labels
         )
         assert labels["workspace"] == stack.workspaces["alpha"]
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The log's JSON lines (the Temporal core may print plain lines of its own)."""
+    out = []
+    for text in path.read_text().splitlines():
+        if text.startswith("{"):
+            out.append(json.loads(text))
+    return out
