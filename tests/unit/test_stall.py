@@ -129,3 +129,15 @@ def test_outcome_classes() -> None:
     assert outcome_class(404, False) == "4xx"
     assert outcome_class(500, False) == "5xx"
     assert outcome_class(None, False) == "error"
+
+
+def test_scheduler_details_name_the_reason_and_each_batchs_place() -> None:
+    from workflows.scheduler import scheduler_details
+
+    st = status("paused", gates.REASON_LIVE, 2)
+    st.batches[0].reason, st.batches[0].queue_position = gates.REASON_LIVE, 1
+    assert scheduler_details(st).splitlines() == [
+        "**paused** · Yielding to live traffic",
+        "limit 2 · allotted 2 · queued lines 2 · live in flight 0",
+        "- b (w): allotment 2 of 4 wanted · Yielding to live traffic · place 1",
+    ]
