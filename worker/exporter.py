@@ -146,7 +146,8 @@ class Exporter:
             reason = route_reason(status, batches)
             if reason is not None:
                 paused[reason] = paused.get(reason, 0) + 1
-                if self.reasons.get(route_id) != reason:
+                # A change seen between two samples (a worker's first sample is no change).
+                if route_id in self.reasons and self.reasons[route_id] != reason:
                     metrics.ROUTE_PAUSES.labels(reason).inc()
             self.reasons[route_id] = reason
         for reason, count in paused.items():

@@ -141,3 +141,32 @@ def test_scheduler_details_name_the_reason_and_each_batchs_place() -> None:
         "limit 2 · allotted 2 · queued lines 2 · live in flight 0",
         "- b (w): allotment 2 of 4 wanted · Yielding to live traffic · place 1",
     ]
+
+
+def test_the_exporter_counts_routes_per_reason_and_changes_into_a_reason() -> None:
+    from typing import Any, cast
+
+    from prometheus_client import REGISTRY
+
+    from backfill.config import Settings
+    from worker.exporter import Exporter
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    settings = Settings(models=[{"id": "m", "routes": [{"id": "rx1", "base_url": "http://a/v1"}]}])
+    exporter = Exporter(cast(Any, None), settings)
+    live = gates.REASON_LIVE
+    before = sample("gateway_batch_route_pauses_total", reason=live)
+    running = batch(route("running", running=2, name="rx1"))
+    st = status("paused", live, 3)
+    st.route_id = "rx1"
+    exporter._export_routes({"rx1": st}, [running])  # first sample: a state, not a change
+    assert sample("gateway_batch_paused_routes", reason=live) == 1
+    assert sample("gateway_batch_route_lines", provider="rx1", state="waiting") == 3
+    assert sample("gateway_batch_route_lines", provider="rx1", state="running") == 2
+    assert sample("gateway_batch_route_pauses_total", reason=live) == before
+    exporter._export_routes({"rx1": None}, [])  # the scheduler is gone: no reason
+    assert sample("gateway_batch_paused_routes", reason=live) == 0
+    exporter._export_routes({"rx1": st}, [running])
+    assert sample("gateway_batch_route_pauses_total", reason=live) == before + 1
