@@ -33,6 +33,7 @@ from activities.records import (
     response_record_bytes,
     usage_of,
 )
+from backfill import metrics
 from backfill.config import RouteConfig, Settings
 from backfill.store import FileStore
 from workflows.messages import LineInput, LineOutcome
@@ -65,6 +66,16 @@ class LineActivities:
 
     @activity.defn
     async def run_line(self, input: LineInput) -> LineOutcome:
+        started = time.monotonic()
+        outcome = await self._run_line(input)
+        if not outcome.retry:  # committed: a finished line (a re-run of a committed one too)
+            metrics.LINE_OUTCOMES.labels(
+                input.route_id, metrics.outcome_class(outcome.status_code, outcome.ok)
+            ).inc()
+            metrics.LINE_SECONDS.labels(input.route_id).observe(time.monotonic() - started)
+        return outcome
+
+    async def _run_line(self, input: LineInput) -> LineOutcome:
         line_no, committed, raw = await self._in_thread(self._read, input)
         if committed is not None:  # it ran before (its worker died after writing): once only
             return outcome_from_record(line_no, committed)

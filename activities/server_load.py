@@ -26,6 +26,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.load_metrics import approve_metrics_url, parse_load
+from backfill import metrics
 from backfill.ids import scheduler_workflow_id
 from workflows import refs
 from workflows.load_gate import LoadReading, ReadServerLoadInput, load_gate
@@ -213,6 +214,20 @@ class ServerLoadReader:
         return list(found)
 
 
+def export_reading(route_id: str, reading: LoadReading) -> None:
+    """The reading as `gateway_server_load{provider,signal}`, or one more load error."""
+    if reading.error is not None:
+        metrics.SERVER_LOAD_ERRORS.labels(route_id).inc()
+        return
+    for signal, value in (
+        ("waiting", reading.waiting),
+        ("running", reading.running),
+        ("kv_cache_percent", reading.kv_cache_percent),
+    ):
+        if value is not None:
+            metrics.SERVER_LOAD.labels(route_id, signal).set(value)
+
+
 WATCH_EVERY = 5.0
 """Seconds between readings while a route's scheduler watches (a reading is reused 5 s)."""
 
@@ -240,6 +255,7 @@ class ServerLoadActivities:
         last: str | None = None
         while True:
             reading = await self.reader.read(input.settings.metrics_url)
+            export_reading(input.route_id, reading)
             decision = load_gate(input.settings, reading)
             if decision.state != last:  # not on every new figure: only what flips the gate
                 await handle.signal(

@@ -19,6 +19,7 @@ from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.ids import new_batch_id
+from workflows.lifecycle import SUMMARY_MEMO
 from workflows.messages import BatchInput, PauseRequest
 from workflows.refs import BatchWorkflow
 
@@ -62,6 +63,7 @@ async def create_batch(
         line_timeout_seconds=settings.limits.line_timeout_seconds,
         max_line_retries=settings.limits.max_line_retries,
     )
+    summary = f"{req.endpoint} batch of {file.filename} ({identity.workspace})"
     await client.start_workflow(
         BatchWorkflow.run,
         inp,
@@ -75,8 +77,8 @@ async def create_batch(
                 SearchAttributePair(sa.CREATED_AT, now),
             ]
         ),
-        memo={"workspace": identity.workspace},
-        static_summary=f"{req.endpoint} batch of {file.filename} ({identity.workspace})",
+        memo={"workspace": identity.workspace, SUMMARY_MEMO: summary},
+        static_summary=summary,
     )
     return BatchWorkflow.initial_batch(inp)
 

@@ -35,4 +35,5 @@ def run(settings: Settings) -> None:
         # BACKFILL_LOG_LEVEL (configured on the root logger by the CLI) for uvicorn's loggers too.
         log_level=logging.getLogger().getEffectiveLevel(),
         access_log=False,
+        log_config=None,  # uvicorn's lines go through the root handler: text or JSON alike
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -29,6 +30,7 @@ from api.live_traffic import LiveTraffic
 from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
 from backfill.config import ModelConfig, RouteConfig, Settings
+from backfill.metrics import LIVE_REQUEST_SECONDS
 from backfill.routing import choose_route
 
 router = APIRouter(prefix="/v1", tags=["live"], responses=COMMON_ERRORS)
@@ -213,8 +215,18 @@ class UpstreamResponse(Response):
     ) -> None:
         super().__init__()
         self.http, self.upstream, self.live, self.route = http, upstream, live, route
+        self.started = time.monotonic()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.started = time.monotonic()
+        try:
+            await self._counted(receive, send)
+        finally:
+            LIVE_REQUEST_SECONDS.labels(self.route, "total").observe(
+                time.monotonic() - self.started
+            )
+
+    async def _counted(self, receive: Receive, send: Send) -> None:
         with self.live.in_flight(self.route):
             async with anyio.create_task_group() as tasks:
 
@@ -254,8 +266,14 @@ class UpstreamResponse(Response):
                 {"type": "http.response.start", "status": resp.status_code, "headers": headers}
             )
             try:
+                first = True
                 async for chunk in resp.aiter_raw():
                     if chunk:
+                        if first:  # time to first token, for a stream
+                            first = False
+                            LIVE_REQUEST_SECONDS.labels(self.route, "ttft").observe(
+                                time.monotonic() - self.started
+                            )
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.HTTPError as err:
                 # Too late for a status: end without completing, so the client sees the break.

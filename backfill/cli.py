@@ -6,7 +6,8 @@
     backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim.main)
     backfill hash-key         the SHA-256 of a key read from stdin, for [[api_keys]]
 
-Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO).
+Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO; one JSON
+object per line with BACKFILL_LOG_FORMAT=json, see backfill/logs.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ def configure_logging() -> None:
     name = os.environ.get("BACKFILL_LOG_LEVEL", "INFO").strip().upper() or "INFO"
     level = logging.getLevelNamesMapping().get(name)
     logging.basicConfig(level=level if level is not None else logging.INFO, format=LOG_FORMAT)
+    log_format = os.environ.get("BACKFILL_LOG_FORMAT", "text").strip().lower()
+    if log_format == "json":
+        from temporalio import activity, workflow
+
+        from backfill.logs import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+        # The workflow's or activity's ids are fields of their own: not repeated in the message.
+        workflow.logger.workflow_info_on_message = False
+        activity.logger.activity_info_on_message = False
     if level is None or level > logging.DEBUG:
         # httpx logs every request at INFO (each upstream call, each health poll): too chatty.
         for noisy in ("httpx", "httpcore"):
@@ -36,6 +48,10 @@ def configure_logging() -> None:
     if level is None:
         logging.getLogger("backfill").warning(
             "BACKFILL_LOG_LEVEL=%r is not a log level; using INFO", name
+        )
+    if log_format not in ("text", "json"):
+        logging.getLogger("backfill").warning(
+            "BACKFILL_LOG_FORMAT=%r is neither text nor json; using text", log_format
         )
 
 

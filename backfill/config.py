@@ -130,6 +130,20 @@ class Settings(BaseSettings):
     task_queue: str = Field(default="backfill", validation_alias="BACKFILL_TASK_QUEUE")
     api_host: str = Field(default="127.0.0.1", validation_alias="BACKFILL_API_HOST")
     api_port: int = Field(default=8000, validation_alias="BACKFILL_API_PORT")
+    worker_metrics_host: str = Field(
+        default="127.0.0.1", validation_alias="BACKFILL_WORKER_METRICS_HOST"
+    )
+    """Address the worker's `/metrics` listens on (`0.0.0.0` to be scraped from elsewhere)."""
+    worker_metrics_port: int = Field(
+        default=9464, ge=0, le=65535, validation_alias="BACKFILL_WORKER_METRICS_PORT"
+    )
+    """Port of the worker's `/metrics` (gateway metrics and the Temporal SDK's); 0: any free
+    port (logged at start)."""
+    metrics_poll_seconds: float = Field(
+        default=10.0, gt=0, validation_alias="BACKFILL_METRICS_POLL_SECONDS"
+    )
+    """How often each worker's exporter reads the route schedulers and in-progress batches for
+    the route and stall metrics (docs/metrics.md)."""
     worker_max_concurrent_activities: int = Field(
         default=512,
         ge=1,
@@ -150,14 +164,6 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_WORKER_LOOP_LAG_LOG_SECONDS",
     )
     """If set, the worker logs its event loop's lag (p50/p99/max) this often (INFO level)."""
-    worker_metrics_port: int | None = Field(
-        default=None, ge=1, le=65535, validation_alias="BACKFILL_WORKER_METRICS_PORT"
-    )
-    """If set, the worker serves the Temporal SDK's Prometheus metrics on this port (`/metrics`)."""
-    worker_metrics_host: str = Field(
-        default="127.0.0.1", validation_alias="BACKFILL_WORKER_METRICS_HOST"
-    )
-    """Address the worker's metrics listen on (`0.0.0.0` in a container Prometheus scrapes)."""
     worker_shutdown_grace_seconds: float | None = Field(
         default=None,
         ge=0,

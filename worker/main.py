@@ -26,7 +26,9 @@ from activities.validation import ValidationActivities
 from backfill.config import Settings, warn_missing_upstream_keys
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from worker.exporter import Exporter
 from worker.lag import log_every
+from worker.metrics_server import MetricsServer, sdk_metrics_bind
 from worker.retention import ensure_schedule
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
@@ -150,11 +152,28 @@ class StopSignals:
         os._exit(128 + sig)
 
 
+def start_metrics(settings: Settings, sdk_bind: str) -> MetricsServer | None:
+    """The worker's `/metrics` (ours and the SDK's), or None when its port is taken: the
+    worker still runs (its lines matter more than its metrics); the scrape target shows down."""
+    try:
+        server = MetricsServer(settings.worker_metrics_host, settings.worker_metrics_port, sdk_bind)
+    except OSError as err:
+        log.error(
+            "worker /metrics cannot listen on %s:%s: %s",
+            settings.worker_metrics_host,
+            settings.worker_metrics_port,
+            err,
+        )
+        return None
+    log.info("worker /metrics on %s:%s", settings.worker_metrics_host, server.port)
+    return server.start()
+
+
 async def serve(settings: Settings) -> None:
-    metrics = None
-    if settings.worker_metrics_port is not None:
-        metrics = f"{settings.worker_metrics_host}:{settings.worker_metrics_port}"
-    client = await connect(settings, metrics_bind=metrics)
+    sdk_bind = sdk_metrics_bind()
+    client = await connect(settings, metrics_bind=sdk_bind)
+    metrics_server = start_metrics(settings, sdk_bind)
+    exporter = asyncio.create_task(Exporter(client, settings).run())
     signals = StopSignals(settings.shutdown_grace_seconds)
     signals.install(asyncio.get_running_loop())
     warn_missing_upstream_keys(settings)
@@ -169,6 +188,9 @@ async def serve(settings: Settings) -> None:
         await signals.requested.wait()
         if lag_task is not None:
             lag_task.cancel()
+        exporter.cancel()
+    if metrics_server is not None:
+        metrics_server.stop()
     # Leaving the block shut the worker down: polling stopped at once, running activities had
     # up to `graceful_shutdown_timeout` (they keep heartbeating meanwhile), then were cancelled.
     log.info("worker stopped")

@@ -31,7 +31,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.alarm import Alarm
     from workflows.lanes import Lane, Tries, demand_to_report
     from workflows.lifecycle import (
+        SUMMARY_MEMO,
         check_expiry,
+        current_details,
         end_status,
         initial_batch,
         keepalive_due,
@@ -83,6 +85,8 @@ class BatchWorkflow:
         self._draining = False
         self._tasks: set[asyncio.Future[None]] = set()
         self._alarm = Alarm(self._wake)
+        self._logged_status: str = _shown_state(self._s.batch)
+        """The status last logged (a continued run does not log its status again)."""
 
     # ---- run ----
     @workflow.run
@@ -90,6 +94,7 @@ class BatchWorkflow:
         if input.state is None:
             await self._validate(input)
             if self._b.status == "failed":
+                self._show_details()
                 await self._wait(workflow.all_handlers_finished)
                 return self._b
         while True:
@@ -467,6 +472,7 @@ class BatchWorkflow:
         transition(b, end_status(reason), _now())
         self._update_summary()
         show_done(b)
+        self._show_details()
         self._set_status_attribute()
         await self._wait(workflow.all_handlers_finished)
 
@@ -482,6 +488,37 @@ class BatchWorkflow:
 
     def _update_summary(self) -> None:
         show_progress(self._b, self._lanes, ending=self._ending)
+        self._show_details()
+
+    def _show_details(self) -> None:
+        """The UI's current details (no command: a query answers them)."""
+        summary: str | None = workflow.memo_value(SUMMARY_MEMO, None, type_hint=str)
+        workflow.set_current_details(current_details(self._b, summary))
+        b = self._b
+        state = _shown_state(b)
+        if state != self._logged_status:
+            routes = sorted({p.route for p in b.backfill.routes})
+            workflow.logger.info(
+                "batch %s (%s): %s -> %s on %s",
+                b.id,
+                b.backfill.workspace,
+                self._logged_status,
+                state,
+                ", ".join(routes) or "no route yet",
+                extra={
+                    "batch_id": b.id,
+                    "workspace": b.backfill.workspace,
+                    "status": b.status,
+                    "paused": b.backfill.paused,
+                    "routes": routes,
+                },
+            )
+            self._logged_status = state
+
+
+def _shown_state(b: Batch) -> str:
+    """The batch's status as its state-change log lines name it (a pause is a change too)."""
+    return f"{b.status} (paused)" if b.backfill.paused else b.status
 
 
 def _now() -> int:

@@ -122,6 +122,35 @@ def show_progress(batch: Batch, lanes: list[Lane], *, ending: bool) -> None:
         ext.summary = None
 
 
+SUMMARY_MEMO = "summary"
+"""Memo key of the batch's one-line summary (the api's `static_summary`): the memo is carried
+over continue-as-new, the start's user metadata is not."""
+
+
+def current_details(batch: Batch, summary: str | None) -> str:
+    """The batch's "current details" in the Temporal UI (Temporal markdown): its summary, status,
+    progress, and per route the state and lines. Set on every run, so it survives
+    continue-as-new; the per-route reasons and queue places live in the schedulers (`GET
+    /v1/batches/{id}`, or each `RouteSchedulerWorkflow`'s own details)."""
+    ext = batch.backfill
+    counts = batch.request_counts
+    finished = sum(p.finished_lines for p in ext.routes) or counts.completed + counts.failed
+    total = sum(p.total_lines for p in ext.routes) or counts.total
+    head = f"**{batch.status}**"
+    if ext.paused:
+        head += f" · paused by {ext.paused_by}" if ext.paused_by else " · paused"
+    if ext.summary and not ext.paused:
+        head += f" · {ext.summary}"
+    lines = [summary] if summary else []
+    lines.append(f"{head} · {finished}/{total} lines finished")
+    lines += [
+        f"- {p.route} ({p.model}): {p.state}, {p.running_lines} running "
+        f"(allotment {p.allotment}), {p.finished_lines}/{p.total_lines}"
+        for p in ext.routes
+    ]
+    return "\n".join(lines)
+
+
 def show_done(batch: Batch) -> None:
     """The extension fields of an ended batch: no summary, every route done."""
     batch.backfill.summary = None

@@ -259,7 +259,10 @@ class RouteSchedulerWorkflow:
         s = self._state
         if gate.reason != s.gate_reason:
             workflow.logger.info(
-                "route %s: %s", s.route_id, f"paused ({gate.reason})" if gate.reason else "open"
+                "route %s: %s",
+                s.route_id,
+                f"paused ({gate.reason})" if gate.reason else "open",
+                extra={"route": s.route_id, "reason": gate.reason},
             )
             s.gate_reason = gate.reason
             s.replan = True
@@ -282,8 +285,22 @@ class RouteSchedulerWorkflow:
             s.seq += 1
             s.batches[batch_id].last_served = s.seq
         for batch_id, slot in s.batches.items():
-            slot.allotment = step.allotments.get(batch_id, slot.allotment)
+            allotment = step.allotments.get(batch_id, slot.allotment)
+            if allotment != slot.allotment:
+                workflow.logger.info(
+                    "route %s: batch %s (%s) allotment %d -> %d",
+                    s.route_id,
+                    batch_id,
+                    slot.workspace,
+                    slot.allotment,
+                    allotment,
+                    extra={"route": s.route_id, "batch_id": batch_id, "workspace": slot.workspace},
+                )
+            slot.allotment = allotment
             slot.held = step.held.get(batch_id, slot.held)
+        # The UI's current details (no command: a query answers them).
+        status = scheduler_status(s, gate, workflow.now().timestamp())
+        workflow.set_current_details(scheduler_details(status))
 
     async def _send_changes(self) -> None:
         priority = self._state.settings.priority_hint
@@ -383,3 +400,26 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         live_in_flight=live_in_flight(s.live, now),
         backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
     )
+
+
+def scheduler_details(status: SchedulerStatus) -> str:
+    """The route scheduler's "current details" in the Temporal UI (Temporal markdown, pure):
+    state and reason, lines, and each batch's allotment, reason and queue place."""
+    head = f"**{status.state}**"
+    if status.reason:
+        head += f" · {status.reason}"
+    if status.reason_detail:
+        head += f" ({status.reason_detail})"
+    lines = [
+        head,
+        f"limit {status.limit} · allotted {status.allotted} · queued lines {status.queued_lines}"
+        f" · live in flight {status.live_in_flight}",
+    ]
+    for b in status.batches:
+        line = f"- {b.batch_id} ({b.workspace}): allotment {b.allotment} of {b.wanted} wanted"
+        if b.reason:
+            line += f" · {b.reason}"
+        if b.queue_position:
+            line += f" · place {b.queue_position}"
+        lines.append(line)
+    return "\n".join(lines)

@@ -90,6 +90,8 @@ class Stack:
         if upstream_key and self.upstream_key_env:
             self.extra_env[self.upstream_key_env] = upstream_key
         self.workers: list[Child] = []
+        self.worker_metrics_ports: list[int] = []
+        """Each worker's `/metrics` port, in `workers` order."""
         self.api = Child("api")
         self.config_path = tmp / "backfill.toml"
         self.route_extra = route_extra or {}
@@ -159,7 +161,10 @@ class Stack:
 
     def start_worker(self) -> Child:
         child = Child(f"worker{len(self.workers)}")
-        child.start(backfill_argv("worker"), self.env(), self.tmp / f"{child.name}.log")
+        port = free_port()
+        env = {**self.env(), "BACKFILL_WORKER_METRICS_PORT": str(port)}
+        child.start(backfill_argv("worker"), env, self.tmp / f"{child.name}.log")
+        self.worker_metrics_ports.append(port)
         self.workers.append(child)
         return child
 

@@ -8,14 +8,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest_asyncio
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowExecutionStatus
 
 from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
+from tests.e2e.stack import Stack, auth, input_ids, output_ids, submit, wait_terminal
+from tests.polling import poll_until
+from workflows.lifecycle import SUMMARY_MEMO
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -70,3 +75,60 @@ async def test_continue_as_new_loses_nothing(can_stack: Stack) -> None:
         doc = (await http.get(url)).json()
     assert doc["settings"]["max_concurrent_lines"] == 2
     assert doc["status"]["batches"] == []  # every batch left; nothing leaked
+
+
+async def test_a_workspaces_batches_are_found_by_search_attributes_with_details_after_can(
+    can_stack: Stack,
+) -> None:
+    """The operator's view in the Temporal UI: a visibility query on the search attributes
+    finds a workspace's in-progress batch, and after it continued as new its run still shows
+    its summary (carried in the memo) and current details (status, progress, routes)."""
+    stack = can_stack
+    workspace = stack.workspaces["alpha"]
+    batch_id = await submit(stack, 400, prefix="ui")
+    await submit(stack, 5, key="sk-test-beta", prefix="other")  # another workspace's batch
+    temporal = await connect_client(stack.temporal_address)
+
+    async def runs() -> list[Any]:
+        return [ex async for ex in temporal.list_workflows(f"WorkflowId = '{batch_id}'")]
+
+    await poll_until(runs, lambda r: len(r) > 1, timeout=120, what="the batch continuing as new")
+    async with httpx.AsyncClient(headers=auth()) as http:
+        resp = await http.post(f"{stack.api_url}/v1/batches/{batch_id}/pause")
+        assert resp.status_code == 200, resp.text
+
+    query = (
+        f"BackfillWorkspace = '{workspace}' AND ExecutionStatus = 'Running' "
+        "AND WorkflowType = 'BatchWorkflow'"
+    )
+    found = await poll_until(
+        lambda: _ids(temporal, query),
+        lambda ids: ids == [batch_id],
+        timeout=30,
+        what=f"visibility listing {batch_id} alone for {workspace}",
+    )
+    assert found == [batch_id]
+
+    handle = temporal.get_workflow_handle(batch_id)
+    desc = await handle.describe()
+    first = [ex for ex in await runs() if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW]
+    assert first and desc.run_id not in {ex.run_id for ex in first}  # a continued run
+    assert await desc.memo_value(SUMMARY_MEMO, type_hint=str) == (
+        f"/v1/chat/completions batch of in.jsonl ({workspace})"
+    )
+
+    async def details() -> str:
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        return meta.current_details
+
+    shown = await poll_until(
+        details, lambda d: "paused" in d, timeout=30, what="the paused batch's current details"
+    )
+    assert shown.startswith(f"/v1/chat/completions batch of in.jsonl ({workspace})\n"), shown
+    assert "**in_progress** · paused by alpha-key" in shown, shown
+    assert f"- {stack.route_id} (demo): paused" in shown, shown
+    assert "/400 lines finished" in shown, shown
+
+
+async def _ids(temporal: Any, query: str) -> list[str]:
+    return sorted([ex.id async for ex in temporal.list_workflows(query)])

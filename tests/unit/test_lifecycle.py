@@ -178,3 +178,39 @@ def test_next_wakeup_is_the_earliest_deadline() -> None:
         == NOW + KEEPALIVE_SECONDS
     )
     assert next_wakeup([keep], expires_at=NOW + 86400, ending=False, quiet=True) == NOW + 86400
+
+
+def test_current_details_show_summary_status_progress_and_routes() -> None:
+    from backfill.batches import RouteProgress
+    from workflows.lifecycle import current_details
+
+    b = initial_batch(
+        BatchInput(
+            batch_id="b1",
+            workspace="ws",
+            input_file_id="f",
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            created_at=0,
+        )
+    )
+    b.status = "in_progress"
+    b.backfill.paused, b.backfill.paused_by = True, "ops-key"
+    b.backfill.routes = [
+        RouteProgress(
+            model="m",
+            route="r1",
+            state="paused",
+            running_lines=1,
+            allotment=2,
+            total_lines=10,
+            finished_lines=4,
+        )
+    ]
+    text = current_details(b, "a summary")
+    assert text.splitlines() == [
+        "a summary",
+        "**in_progress** · paused by ops-key · 4/10 lines finished",
+        "- r1 (m): paused, 1 running (allotment 2), 4/10",
+    ]
+    assert current_details(b, None).startswith("**in_progress**")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from temporalio.testing import ActivityEnvironment
 
 from activities.lines import MAX_RESENDS, LineActivities
@@ -222,3 +223,24 @@ def test_give_up_commits_an_error_without_sending(tmp_path: Path) -> None:
     out = run(acts, inp)
     assert out.error_code == "line_lost" and calls == []
     assert record(store)["error"] == {"code": "line_lost", "message": "m"}
+
+
+def test_finished_lines_are_counted_by_outcome_and_a_retry_is_not(tmp_path: Path) -> None:
+    def count(outcome: str) -> float:
+        labels = {"provider": "r1", "outcome": outcome}
+        return REGISTRY.get_sample_value("gateway_batch_line_outcomes_total", labels) or 0.0
+
+    def observed() -> float:
+        labels = {"provider": "r1"}
+        return REGISTRY.get_sample_value("gateway_batch_line_seconds_count", labels) or 0.0
+
+    answers = iter([503, 503, 500])
+    acts, file_id, _ = make(tmp_path, lambda r: httpx.Response(next(answers), json={}))
+    before = {o: count(o) for o in ("2xx", "4xx", "5xx", "error")}
+    seen = observed()
+    assert run(acts, line(file_id, final=False)).retry  # back to the queue: not finished
+    assert count("5xx") == before["5xx"] and observed() == seen
+    run(acts, line(file_id, final=True))  # 503 on the final attempt: committed
+    run(acts, line(file_id, position=1))  # 500
+    assert count("5xx") == before["5xx"] + 2 and observed() == seen + 2
+    assert count("2xx") == before["2xx"] and count("error") == before["error"]

@@ -519,3 +519,21 @@ async def test_reads_the_simulator() -> None:
         for _ in range(4):
             sim.app.scheduler.release()
         assert values(await reader.read(url)) == (0.0, 0.0, 0.0)
+
+
+def test_a_reading_is_exported_per_signal_and_a_failed_one_as_an_error() -> None:
+    from prometheus_client import REGISTRY
+
+    from activities.server_load import export_reading
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    errors = sample("gateway_server_load_errors_total", provider="rl1") or 0.0
+    export_reading("rl1", LoadReading(waiting=3, running=7, kv_cache_percent=41.5, read_at=1))
+    assert sample("gateway_server_load", provider="rl1", signal="waiting") == 3
+    assert sample("gateway_server_load", provider="rl1", signal="running") == 7
+    assert sample("gateway_server_load", provider="rl1", signal="kv_cache_percent") == 41.5
+    export_reading("rl1", LoadReading(read_at=2, error="GET http://x/metrics: refused"))
+    assert sample("gateway_server_load_errors_total", provider="rl1") == errors + 1
+    assert sample("gateway_server_load", provider="rl1", signal="waiting") == 3  # last reading

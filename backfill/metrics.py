@@ -1,0 +1,77 @@
+"""The gateway's own Prometheus metrics (prometheus-client).
+
+Which process exports which metric, and how to aggregate each over several api processes and
+workers, is in docs/metrics.md. In short: live-request metrics belong to each api process (sum
+them), line and server-load metrics to the worker that did the work (sum them), and the route
+and stall gauges read from the workflows are exported alike by every worker's exporter
+(`worker/exporter.py`): aggregate those with `max by (...)`, never `sum`. `provider` is the
+route id.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+LIVE_REQUEST_SECONDS = Histogram(
+    "gateway_live_request_seconds",
+    "Live request latency in this api process: time to the first body byte (ttft) and total.",
+    ["route", "phase"],
+    buckets=LATENCY_BUCKETS,
+)
+LINE_OUTCOMES = Counter(
+    "gateway_batch_line_outcomes_total",
+    "Batch lines finished (result committed), by outcome class: 2xx, 4xx, 5xx, error.",
+    ["provider", "outcome"],
+)
+LINE_SECONDS = Histogram(
+    "gateway_batch_line_seconds",
+    "Time one batch line took, from its activity's start to its committed result.",
+    ["provider"],
+    buckets=LATENCY_BUCKETS,
+)
+SERVER_LOAD = Gauge(
+    "gateway_server_load",
+    "The last server-load reading of the route's model server, per signal.",
+    ["provider", "signal"],
+)
+SERVER_LOAD_ERRORS = Counter(
+    "gateway_server_load_errors_total",
+    "Server-load readings that failed (metrics unreachable or unreadable).",
+    ["provider"],
+)
+ROUTE_LINES = Gauge(
+    "gateway_batch_route_lines",
+    "Batch lines on the route: waiting (queued beyond allotments) or running.",
+    ["provider", "state"],
+)
+PAUSED_ROUTES = Gauge(
+    "gateway_batch_paused_routes",
+    "Routes holding batch lines back, per reason.",
+    ["reason"],
+)
+ROUTE_PAUSES = Counter(
+    "gateway_batch_route_pauses_total",
+    "Times a route started holding batch lines back for a reason.",
+    ["reason"],
+)
+STALL_SECONDS = Gauge(
+    "gateway_batch_stall_seconds",
+    "Seconds an in-progress batch with lines to run has finished none, not counting "
+    "legitimate waits.",
+    ["batch", "workspace"],
+)
+
+
+def outcome_class(status_code: int | None, ok: bool) -> str:
+    """`2xx`/`4xx`/`5xx` for an HTTP answer, `error` for none (transport, timeout, ...)."""
+    if status_code is None:
+        return "2xx" if ok else "error"
+    if 200 <= status_code < 300:
+        return "2xx"
+    if 400 <= status_code < 500:
+        return "4xx"
+    if status_code >= 500:
+        return "5xx"
+    return "error"
