@@ -29,8 +29,9 @@ REGISTRATION_TTL = 600.0
 """Seconds an api process that reported 0 stays counted among the reporters (it shares the
 slack below the threshold; see `api.live_reporter`)."""
 MAX_BACKOFF_SECONDS = 60.0
-BACKOFF_RESET_SECONDS = 120.0
-"""A rate-limit answer this long after the previous one starts the back-off over at 1 s."""
+BACKOFF_RESET_SECONDS = 10.0
+"""A rate-limit answer this long after the last pause ended starts the back-off over at 1 s:
+lines ran again without being refused, so the upstream had recovered."""
 
 
 class LiveCount(BaseModel):
@@ -88,9 +89,10 @@ def live_expiry(counts: dict[str, LiveCount], now: float) -> float | None:
 
 def back_off(b: Backoff, now: float, retry_after: float | None) -> Backoff:
     """The back-off after a rate-limit answer at `now`: 1 s, doubling to 60 s, or the
-    upstream's Retry-After when that is longer. A quiet spell resets it."""
+    upstream's Retry-After when that is longer. An answer that comes `BACKOFF_RESET_SECONDS`
+    after the last pause ended starts over."""
     level = b.level
-    if b.last_at is None or now - b.last_at > BACKOFF_RESET_SECONDS:
+    if b.until is None or now - b.until >= BACKOFF_RESET_SECONDS:
         level = 0
     delay = min(MAX_BACKOFF_SECONDS, 2.0**level)
     if retry_after is not None and retry_after > 0:

@@ -93,7 +93,7 @@ def test_backoff_doubles_to_a_minute_honours_retry_after_and_resets_after_a_quie
         t = b.until
     assert delays == [1, 2, 4, 8, 16, 32, 60, 60, 60]
     assert back_off(Backoff(), NOW, 10).until == NOW + 10  # Retry-After longer than 1 s
-    quiet = back_off(b, t + 1000, None)
-    assert quiet.until == t + 1000 + 1 and quiet.level == 1
+    quiet = back_off(b, t + 10, None)  # 10 s after the last pause ended: the upstream recovered
+    assert quiet.until == t + 10 + 1 and quiet.level == 1
     held = back_off(Backoff(until=NOW + 30, level=1, last_at=NOW), NOW + 1, None)
     assert held.until == NOW + 30  # a shorter one never cuts a longer one short
