@@ -362,7 +362,11 @@ class BatchWorkflow:
         try:
             await handle.signal(
                 refs.RouteSchedulerWorkflow.rate_limited,
-                RateLimited(batch_id=self._b.id, retry_after=retry_after),
+                RateLimited(
+                    batch_id=self._b.id,
+                    retry_after=retry_after,
+                    consecutive=lane.backoff_level,  # refusals since its last success here
+                ),
             )
         except Exception as err:  # the scheduler is gone: this batch's own back-off holds
             workflow.logger.info("rate limit report to %s failed: %s", lane.scheduler_id, err)

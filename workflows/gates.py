@@ -87,13 +87,22 @@ def live_expiry(counts: dict[str, LiveCount], now: float) -> float | None:
     return min(future) if future else None
 
 
-def back_off(b: Backoff, now: float, retry_after: float | None) -> Backoff:
-    """The back-off after a rate-limit answer at `now`: 1 s, doubling to 60 s, or the
-    upstream's Retry-After when that is longer. An answer that comes `BACKOFF_RESET_SECONDS`
-    after the last pause ended starts over."""
-    level = b.level
-    if b.until is None or now - b.until >= BACKOFF_RESET_SECONDS:
+def back_off(
+    b: Backoff, now: float, retry_after: float | None, consecutive: int | None = None
+) -> Backoff:
+    """The back-off after a rate-limit answer at `now`: 1 s, doubling to 60 s with each
+    refusal in a row, or the upstream's Retry-After when that is longer.
+
+    `consecutive` is how many refusals the reporting batch got on the route since its last
+    success (it counts successes; the scheduler does not see them): an upstream that refuses
+    now and then pauses the route a second each time, a storm doubles the pause. Without it
+    (older batches), an answer `BACKOFF_RESET_SECONDS` after the last pause ended starts over."""
+    if consecutive is not None:
+        level = max(0, consecutive - 1)
+    elif b.until is None or now - b.until >= BACKOFF_RESET_SECONDS:
         level = 0
+    else:
+        level = b.level
     delay = min(MAX_BACKOFF_SECONDS, 2.0**level)
     if retry_after is not None and retry_after > 0:
         delay = max(delay, min(retry_after, 3600.0))

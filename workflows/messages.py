@@ -196,6 +196,8 @@ class RateLimited(BaseModel):
     batch_id: str
     retry_after: float | None = None
     """The upstream's Retry-After, in seconds."""
+    consecutive: int | None = None
+    """Refusals in a row the batch got on the route since its last success there."""
 
 
 # ---- activities ----

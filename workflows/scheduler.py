@@ -194,7 +194,7 @@ class RouteSchedulerWorkflow:
     def rate_limited(self, r: RateLimited) -> None:
         """A line got 429/503 or a refused connection: every batch on the route backs off."""
         now = workflow.now().timestamp()
-        self._state.backoff = back_off(self._state.backoff, now, r.retry_after)
+        self._state.backoff = back_off(self._state.backoff, now, r.retry_after, r.consecutive)
         self._dirty = True
 
     @workflow.signal

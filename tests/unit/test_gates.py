@@ -97,3 +97,12 @@ def test_backoff_doubles_to_a_minute_honours_retry_after_and_resets_after_a_quie
     assert quiet.until == t + 10 + 1 and quiet.level == 1
     held = back_off(Backoff(until=NOW + 30, level=1, last_at=NOW), NOW + 1, None)
     assert held.until == NOW + 30  # a shorter one never cuts a longer one short
+
+
+def test_a_route_refused_now_and_then_pauses_a_second_each_time() -> None:
+    b = Backoff()
+    for i in range(5):  # the reporting batch had a success between each refusal
+        b = back_off(b, NOW + 30 * i, None, consecutive=1)
+        assert b.until == NOW + 30 * i + 1
+    storm = back_off(Backoff(), NOW, None, consecutive=4)
+    assert storm.until == NOW + 8  # four refusals in a row: 2 ** 3
