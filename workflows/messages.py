@@ -38,6 +38,12 @@ class BatchInput(BaseModel):
     created_at: int
     metadata: dict[str, str] | None = None
     allowed_models: list[str] | None = None
+    """Identity snapshot: the models the creating key may use (None: every model). The batch
+    runs under this snapshot to the end, whatever happens to the key later."""
+    key_id: str | None = None
+    """Identity snapshot: the id of the key that created the batch (never the key)."""
+    role: str | None = None
+    """Identity snapshot: that key's role when the batch was created."""
     line_timeout_seconds: float = 600.0
     max_line_retries: int = 5
     state: BatchState | None = None
