@@ -35,7 +35,7 @@ async def _check_active_limit(client: Client, settings: Settings, workspace: str
         return
     query = (
         f"WorkflowType = 'BatchWorkflow' AND ExecutionStatus = 'Running' "
-        f"AND {sa.WORKSPACE.name} = '{_quote(workspace)}'"
+        f"AND {sa.WORKSPACE.name} = '{quote(workspace)}'"
     )
     active = (await client.count_workflows(query)).count
     if active >= limit:
@@ -111,7 +111,7 @@ async def list_batches(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
-    query = f"{sa.WORKSPACE.name} = '{_quote(identity.workspace)}'"
+    query = f"{sa.WORKSPACE.name} = '{quote(identity.workspace)}'"
     return await list_page(client, query, after=after, limit=limit)
 
 
@@ -263,7 +263,7 @@ def _workspace(desc: WorkflowExecutionDescription) -> str:
     return desc.typed_search_attributes.get(sa.WORKSPACE) or ""
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.deps import Identity, IdentityDep, SettingsDep, get_http
+from api.deps import Identity, IdentityDep, SettingsDep, WriterDep, get_http
 from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
 from api.live_traffic import LiveTraffic
 from api.request_id import request_id
@@ -88,7 +88,11 @@ _LIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
             "text/event-stream": {"schema": {"type": "string"}},
         },
     },
-    404: {"model": ErrorResponse, "description": "Unknown model (`model_not_found`)."},
+    403: {"model": ErrorResponse, "description": "An auditor key (reads only)."},
+    404: {
+        "model": ErrorResponse,
+        "description": "Unknown model (`model_not_found`), or one the key may not use.",
+    },
     413: {"model": ErrorResponse, "description": "Request body over the size limit."},
     502: {"model": ErrorResponse, "description": "The upstream could not be reached."},
     504: {"model": ErrorResponse, "description": "The upstream sent no answer in time."},
@@ -111,21 +115,21 @@ async def retrieve_model(
 
 @router.post("/chat/completions", response_model=None, responses=_LIVE_RESPONSES)
 async def chat_completions(
-    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
 ) -> Response:
     return await _forward(request, "/chat/completions", settings, identity, http, live)
 
 
 @router.post("/completions", response_model=None, responses=_LIVE_RESPONSES)
 async def completions(
-    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
 ) -> Response:
     return await _forward(request, "/completions", settings, identity, http, live)
 
 
 @router.post("/embeddings", response_model=None, responses=_LIVE_RESPONSES)
 async def embeddings(
-    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
 ) -> Response:
     return await _forward(request, "/embeddings", settings, identity, http, live)
 
