@@ -249,10 +249,10 @@ class Settings(BaseSettings):
         return found
 
     def shipped_dev_keys(self) -> list[str]:
-        """Names of configured keys that are the public dev key from the repository's
-        backfill.toml (anyone can read it: fine on loopback, never on a network)."""
-        dev = hash_key(DEV_KEY)
-        return [k.name or k.sha256[:8] for k in self.api_keys if k.sha256 == dev]
+        """Names of configured keys that are public dev keys from the repository's
+        backfill.toml (anyone can read them: fine on loopback, never on a network)."""
+        dev = {hash_key(key) for key in DEV_KEYS}
+        return [k.name or k.key_id for k in self.api_keys if k.sha256 in dev]
 
 
 FILE_ONLY = frozenset({"models", "limits", "api_keys", "workspaces"})
@@ -269,6 +269,8 @@ class _ScalarEnv(EnvSettingsSource):
 
 DEV_KEY = "sk-backfill-dev"
 """The key in the repository's backfill.toml, printed by `make run`."""
+DEV_KEYS = (DEV_KEY, "sk-backfill-alice", "sk-backfill-bob", "sk-backfill-auditor")
+"""Every key of the repository's backfill.toml (all public)."""
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 

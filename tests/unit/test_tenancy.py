@@ -108,3 +108,8 @@ def test_identity_model_list() -> None:
     )
     assert everyone.can_use("anything")
     assert limited.can_use("demo") and not limited.can_use("other")
+
+
+def test_every_dev_key_counts_as_shipped() -> None:
+    s = load_settings(REPO / "backfill.toml")
+    assert sorted(s.shipped_dev_keys()) == ["alice", "auditor", "bob", "dev"]
