@@ -105,6 +105,8 @@ class BatchSlot(BaseModel):
     last_served: int = 0
     arrived: int = 0
     """Arrival sequence (queue order among equals)."""
+    weight: int = 1
+    """Share weight of the batch's workspace, as its last demand said."""
 
 
 class SchedulerInput(BaseModel):
@@ -320,6 +322,8 @@ class Demand(BaseModel):
     epoch: int = 0
     """The last allotment epoch the batch saw: a re-registered batch continues from it, so its
     next allotment is never mistaken for a stale one."""
+    weight: int = 1
+    """Share weight of the batch's workspace (from the config when the demand is sent)."""
 
 
 class Allotment(BaseModel):
