@@ -12,9 +12,11 @@ from temporalio.client import Client
 
 from backfill.config import hash_key
 from backfill.dev.procs import backfill_argv
+from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
-from tests.e2e.stack import Stack, assert_error, auth, jsonl, wait_terminal
+from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_terminal
 from tests.e2e.test_roles_matrix import SCHEDULING, closed_window
+from tests.e2e.test_scheduler import wait_scheduler
 from tests.polling import poll_until
 
 LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta", "sk-test-admin"
@@ -155,3 +157,22 @@ async def test_workspace_limits(make_stack: MakeStack) -> None:
         beta_file = (await _upload(http, BETA, too_big)).json()["id"]
         for _ in range(2):
             assert (await _create(http, BETA, beta_file)).status_code == 200
+
+
+async def test_share_weight_splits_a_route(make_stack: MakeStack, temporal_client: Client) -> None:
+    """Alpha (share weight 3) and beta (default 1) both want more lines than the route's cap
+    of 4: the scheduler gives alpha 3 slots and beta 1."""
+    stack = await make_stack(
+        cap=4,
+        sim=SimConfig(model_names=[], latency_ms=300),
+        workspace_limits={"alpha": {"share_weight": 3}},
+    )
+    heavy = await submit(stack, 200, key=ALPHA, prefix="heavy")
+    light = await submit(stack, 200, key=BETA, prefix="light")
+    st = await wait_scheduler(
+        temporal_client,
+        stack.route_id,
+        lambda s: {b.batch_id: b.allotment for b in s.batches} == {heavy: 3, light: 1},
+        "allotments 3:1 by share weight",
+    )
+    assert sum(b.allotment for b in st.batches) == 4
