@@ -113,3 +113,39 @@ def test_identity_model_list() -> None:
 def test_every_dev_key_counts_as_shipped() -> None:
     s = load_settings(REPO / "backfill.toml")
     assert sorted(s.shipped_dev_keys()) == ["alice", "auditor", "bob", "dev"]
+
+
+def test_audit_event_only_for_another_workspace(caplog: pytest.LogCaptureFixture) -> None:
+    from api import audit
+
+    admin = Identity(workspace="ops", role="platform_admin", key_name="ops", key_id="key_ops")
+    with caplog.at_level("INFO", logger="backfill.audit"):
+        audit.cross_workspace(admin, "file.content", "file-1", "ops")
+        assert caplog.records == []
+        audit.cross_workspace(admin, "file.content", "file-2", "alice")
+    [record] = caplog.records
+    assert record.name == "backfill.audit"
+    text = record.getMessage()
+    for part in (
+        "key_id=key_ops",
+        "action=file.content",
+        "object=file-2",
+        "workspace=alice",
+        "at=",
+    ):
+        assert part in text
+
+
+def test_auditor_gets_no_content_and_writes_nothing() -> None:
+    from api.errors import Forbidden
+
+    auditor = Identity(workspace="audit", role="auditor", key_name="a")
+    assert auditor.can_see("anyone")
+    with pytest.raises(Forbidden) as content:
+        auditor.require_content()
+    assert content.value.code == "insufficient_role"
+    with pytest.raises(Forbidden):
+        auditor.require_write()
+    member = Identity(workspace="w", role="member", key_name="m")
+    member.require_content()
+    assert not member.can_see("other")
