@@ -74,6 +74,10 @@ async def start_scheduler(
 async def signal_demand(client: Client, settings: Settings, input: DemandInput) -> None:
     """Signal-with-start the route's scheduler with a batch's demand."""
     demand = Demand(
-        batch_id=input.batch_id, workspace=input.workspace, wanted=input.wanted, epoch=input.epoch
+        batch_id=input.batch_id,
+        workspace=input.workspace,
+        wanted=input.wanted,
+        epoch=input.epoch,
+        weight=settings.workspace_limits(input.workspace).share_weight,
     )
     await start_scheduler(client, settings, input.route_id, demand)

@@ -12,12 +12,14 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from api import audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
-from api.errors import Conflict, InvalidRequest, NotFound
+from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
 from api.progress import add_route_reasons
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
+from backfill.config import Settings
 from backfill.ids import new_batch_id
 from workflows.lifecycle import SUMMARY_MEMO
 from workflows.messages import BatchInput, PauseRequest
@@ -27,7 +29,25 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRO
 log = logging.getLogger(__name__)
 
 
-@router.post("", response_model=Batch, responses=error_responses(403, 404))
+async def _check_active_limit(client: Client, settings: Settings, workspace: str) -> None:
+    """429 when the workspace already has its limit of batches queued or running."""
+    limit = settings.workspace_limits(workspace).max_active_batches
+    if limit is None:
+        return
+    query = (
+        f"WorkflowType = 'BatchWorkflow' AND ExecutionStatus = 'Running' "
+        f"AND {sa.WORKSPACE.name} = '{quote(workspace)}'"
+    )
+    active = (await client.count_workflows(query)).count
+    if active >= limit:
+        raise TooManyRequests(
+            f"Workspace {workspace!r} already has {active} batches queued or running, its limit "
+            f"is {limit}; wait for one to end before creating another.",
+            code="batch_limit_exceeded",
+        )
+
+
+@router.post("", response_model=Batch, responses=error_responses(403, 404, 429))
 async def create_batch(
     req: CreateBatch,
     settings: SettingsDep,
@@ -49,8 +69,9 @@ async def create_batch(
     now_ms = int(time.time() * 1000)
     now = now_ms // 1000
     batch_id = new_batch_id(now_ms)
+    await _check_active_limit(client, settings, identity.workspace)
     await asyncio.to_thread(store.snapshot_input, batch_id, file.id)
-    allowed = None
+    allowed = sorted(identity.allowed_models) if identity.allowed_models is not None else None
     inp = BatchInput(
         batch_id=batch_id,
         workspace=identity.workspace,
@@ -60,6 +81,8 @@ async def create_batch(
         created_at=now,
         metadata=req.metadata,
         allowed_models=allowed,
+        key_id=identity.key_id,
+        role=identity.role,
         line_timeout_seconds=settings.limits.line_timeout_seconds,
         max_line_retries=settings.limits.max_line_retries,
     )
@@ -90,10 +113,15 @@ async def list_batches(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
+    query = f"{sa.WORKSPACE.name} = '{quote(identity.workspace)}'"
+    return await list_page(client, query, after=after, limit=limit)
+
+
+async def list_page(client: Client, filters: str, *, after: str | None, limit: int) -> BatchList:
+    """One page of the batches matching `filters` (a visibility query, or ""), newest first
+    with a stable `after` cursor. Shared by `/v1/batches` and the admin listing."""
     # SQL visibility ignores ORDER BY, so order here: newest first by (created_at, id).
-    query = (
-        f"WorkflowType = 'BatchWorkflow' AND {sa.WORKSPACE.name} = '{_quote(identity.workspace)}'"
-    )
+    query = "WorkflowType = 'BatchWorkflow'" + (f" AND {filters}" if filters else "")
     rows: dict[str, tuple[int, str]] = {}
     async for ex in client.list_workflows(query, page_size=1000):
         if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
@@ -133,6 +161,7 @@ async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) 
         raise Conflict(
             f"Cannot cancel a batch with status '{batch.status}'.", code="invalid_batch_status"
         )
+    audit.cross_workspace(identity, "batch.cancel", batch_id, _workspace(desc))
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     return await handle.execute_update(BatchWorkflow.cancel_now)
 
@@ -158,6 +187,9 @@ async def _control(client: Client, identity: Identity, batch_id: str, *, pause: 
         raise Conflict(
             f"Cannot {verb} a batch with status '{batch.status}'.", code="invalid_batch_status"
         )
+    audit.cross_workspace(
+        identity, "batch.pause" if pause else "batch.resume", batch_id, _workspace(desc)
+    )
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     if pause:
         await handle.signal(BatchWorkflow.pause, PauseRequest(by=identity.key_name))
@@ -229,7 +261,11 @@ async def _load_or_stub(client: Client, batch_id: str) -> Batch:
         )
 
 
-def _quote(value: str) -> str:
+def _workspace(desc: WorkflowExecutionDescription) -> str:
+    return desc.typed_search_attributes.get(sa.WORKSPACE) or ""
+
+
+def quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 

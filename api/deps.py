@@ -21,13 +21,28 @@ class Identity:
     workspace: str
     role: Role
     key_name: str
+    key_id: str = ""
+    allowed_models: frozenset[str] | None = None
+    """The models this key may use (None: every model)."""
 
     def can_see(self, workspace: str | None) -> bool:
+        """May read this workspace's batches and file metadata: its own, or any for a platform
+        admin or an auditor. Whatever it may not see answers 404, never 403."""
         return self.role in ("platform_admin", "auditor") or workspace == self.workspace
+
+    def can_use(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
 
     def require_write(self) -> None:
         if self.role == "auditor":
             raise Forbidden("Auditor keys can read but not change anything.", code="read_only")
+
+    def require_content(self) -> None:
+        """File content (inputs, outputs) is never served to an auditor."""
+        if self.role == "auditor":
+            raise Forbidden(
+                "Auditor keys can read metadata but not file content.", code="insufficient_role"
+            )
 
 
 def get_settings(request: Request) -> Settings:
@@ -60,7 +75,13 @@ def get_identity(
     key = settings.key_for(token.strip())
     if key is None:
         raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
-    return Identity(workspace=key.workspace, role=key.role, key_name=key.name or key.sha256[:8])
+    return Identity(
+        workspace=key.workspace,
+        role=key.role,
+        key_name=key.name or key.key_id,
+        key_id=key.key_id,
+        allowed_models=frozenset(key.models) if key.models is not None else None,
+    )
 
 
 def get_writer(identity: Annotated[Identity, Depends(get_identity)]) -> Identity:

@@ -67,6 +67,13 @@ class PayloadTooLarge(APIError):
     status = 413
 
 
+class TooManyRequests(APIError):
+    """A workspace limit (active batches, stored bytes) is reached."""
+
+    status = 429
+    type = "rate_limit_error"
+
+
 class Unavailable(APIError):
     status = 503
     type = "server_error"

@@ -9,8 +9,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
+from api import audit
 from api.deps import IdentityDep, SettingsDep, StoreDep
-from api.errors import InvalidRequest, NotFound
+from api.errors import InvalidRequest, NotFound, TooManyRequests
 from api.schemas import (
     COMMON_ERRORS,
     UPLOAD_BODY,
@@ -20,7 +21,9 @@ from api.schemas import (
     error_responses,
 )
 from api.upload import read_upload
+from backfill.config import Settings
 from backfill.store import FileObject as StoredFile
+from backfill.store import FileStore
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=COMMON_ERRORS)
 
@@ -37,16 +40,19 @@ async def _visible(store: StoreDep, identity: IdentityDep, file_id: str) -> Stor
 @router.post(
     "",
     response_model=FileObject,
-    responses=error_responses(403, 413),
+    responses=error_responses(403, 413, 429),
     openapi_extra=UPLOAD_BODY,
 )
 async def upload_file(
     request: Request, settings: SettingsDep, store: StoreDep, identity: IdentityDep
 ) -> FileObject:
     identity.require_write()
+    room = await asyncio.to_thread(storage_room, settings, store, identity.workspace)
     parsed = await read_upload(request, store, settings.limits.max_file_bytes)
     upload = parsed.upload
     try:
+        if upload is not None and room is not None and upload.size > room:
+            raise _storage_limit(settings, identity.workspace)
         purpose = parsed.fields.get("purpose")
         if purpose is None:
             raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose")
@@ -69,6 +75,26 @@ async def upload_file(
         if upload is not None:
             await asyncio.to_thread(upload.abort)
     return FileObject.of(obj)
+
+
+def storage_room(settings: Settings, store: FileStore, workspace: str) -> int | None:
+    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all."""
+    limit = settings.workspace_limits(workspace).max_stored_bytes
+    if limit is None:
+        return None
+    used = sum(f.bytes for f in store.list_files(workspace))
+    if used >= limit:
+        raise _storage_limit(settings, workspace)
+    return limit - used
+
+
+def _storage_limit(settings: Settings, workspace: str) -> TooManyRequests:
+    limit = settings.workspace_limits(workspace).max_stored_bytes
+    return TooManyRequests(
+        f"Workspace {workspace!r} may store at most {limit} bytes of files; delete files "
+        "(or let them expire) before uploading more.",
+        code="storage_limit_exceeded",
+    )
 
 
 MIN_EXPIRY_SECONDS = 3600
@@ -144,11 +170,13 @@ async def retrieve_file(file_id: str, store: StoreDep, identity: IdentityDep) ->
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
             },
         },
-        **error_responses(404),
+        **error_responses(403, 404),
     },
 )
 async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> FileResponse:
     obj = await _visible(store, identity, file_id)
+    identity.require_content()
+    audit.cross_workspace(identity, "file.content", obj.id, obj.workspace)
     # FileResponse stats and reads the file in a worker thread (anyio), off the event loop.
     return FileResponse(
         store.content_path(obj.id),
@@ -161,5 +189,6 @@ async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> 
 async def delete_file(file_id: str, store: StoreDep, identity: IdentityDep) -> FileDeleted:
     identity.require_write()
     obj = await _visible(store, identity, file_id)
+    audit.cross_workspace(identity, "file.delete", obj.id, obj.workspace)
     await asyncio.to_thread(store.delete_file, obj.id)
     return FileDeleted(id=obj.id, deleted=True)

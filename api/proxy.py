@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.deps import IdentityDep, SettingsDep, get_http
+from api.deps import Identity, IdentityDep, SettingsDep, WriterDep, get_http
 from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
 from api.live_traffic import LiveTraffic
 from api.request_id import request_id
@@ -90,7 +90,11 @@ _LIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
             "text/event-stream": {"schema": {"type": "string"}},
         },
     },
-    404: {"model": ErrorResponse, "description": "Unknown model (`model_not_found`)."},
+    403: {"model": ErrorResponse, "description": "An auditor key (reads only)."},
+    404: {
+        "model": ErrorResponse,
+        "description": "Unknown model (`model_not_found`), or one the key may not use.",
+    },
     413: {"model": ErrorResponse, "description": "Request body over the size limit."},
     502: {"model": ErrorResponse, "description": "The upstream could not be reached."},
     504: {"model": ErrorResponse, "description": "The upstream sent no answer in time."},
@@ -99,7 +103,7 @@ _LIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.get("/models", response_model=ModelList)
 async def list_models(settings: SettingsDep, identity: IdentityDep) -> ModelList:
-    return ModelList(data=[ModelObject(id=m.id) for m in settings.models])
+    return ModelList(data=[ModelObject(id=m.id) for m in settings.models if identity.can_use(m.id)])
 
 
 @router.get(
@@ -108,36 +112,41 @@ async def list_models(settings: SettingsDep, identity: IdentityDep) -> ModelList
 async def retrieve_model(
     model_id: str, settings: SettingsDep, identity: IdentityDep
 ) -> ModelObject:
-    return ModelObject(id=_model_or_404(settings, model_id).id)
+    return ModelObject(id=_model_or_404(settings, model_id, identity).id)
 
 
 @router.post("/chat/completions", response_model=None, responses=_LIVE_RESPONSES)
 async def chat_completions(
-    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
 ) -> Response:
-    return await _forward(request, "/chat/completions", settings, http, live)
+    return await _forward(request, "/chat/completions", settings, identity, http, live)
 
 
 @router.post("/completions", response_model=None, responses=_LIVE_RESPONSES)
 async def completions(
-    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
 ) -> Response:
-    return await _forward(request, "/completions", settings, http, live)
+    return await _forward(request, "/completions", settings, identity, http, live)
 
 
 @router.post("/embeddings", response_model=None, responses=_LIVE_RESPONSES)
 async def embeddings(
-    request: Request, settings: SettingsDep, identity: IdentityDep, http: HttpDep, live: LiveDep
+    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
 ) -> Response:
-    return await _forward(request, "/embeddings", settings, http, live)
+    return await _forward(request, "/embeddings", settings, identity, http, live)
 
 
 async def _forward(
-    request: Request, path: str, settings: Settings, http: httpx.AsyncClient, live: LiveTraffic
+    request: Request,
+    path: str,
+    settings: Settings,
+    identity: Identity,
+    http: httpx.AsyncClient,
+    live: LiveTraffic,
 ) -> Response:
     rid = request_id(request)
     body = await _read_body(request, settings.limits.max_line_bytes)
-    model = _model_or_404(settings, _model_name(body))
+    model = _model_or_404(settings, _model_name(body), identity)
     route = choose_route(model, LIVE_ROUTING_KEY, rid)
     upstream = http.build_request(
         "POST",
@@ -178,9 +187,10 @@ def _model_name(body: bytes) -> str:
     return model
 
 
-def _model_or_404(settings: Settings, name: str) -> ModelConfig:
+def _model_or_404(settings: Settings, name: str, identity: Identity) -> ModelConfig:
+    """The model, or 404 when it does not exist or the key may not use it (the same answer)."""
     model = settings.model(name)
-    if model is None:
+    if model is None or not identity.can_use(model.id):
         raise NotFound(
             f"The model `{name}` does not exist or you do not have access to it.",
             param="model",

@@ -5,6 +5,8 @@
     backfill worker           the Temporal worker
     backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim.main)
     backfill hash-key         the SHA-256 of a key read from stdin, for [[api_keys]]
+    backfill keys create --workspace W --role R [--models m1,m2] [--name N]
+                              a new random key (printed once) and its [[api_keys]] entry
 
 Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO; one JSON
 object per line with BACKFILL_LOG_FORMAT=json, see backfill/logs.py).
@@ -45,6 +47,8 @@ def configure_logging() -> None:
         # httpx logs every request at INFO (each upstream call, each health poll): too chatty.
         for noisy in ("httpx", "httpcore"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Audit events are always recorded, whatever the level asked for.
+    logging.getLogger("backfill.audit").setLevel(logging.INFO)
     if level is None:
         logging.getLogger("backfill").warning(
             "BACKFILL_LOG_LEVEL=%r is not a log level; using INFO", name
@@ -76,7 +80,39 @@ def _parser() -> argparse.ArgumentParser:
         "hash-key",
         help="print the SHA-256 of an API key read from standard input, for backfill.toml",
     )
+    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="keys_command", required=True, metavar="KEYS_COMMAND"
+    )
+    create = keys.add_parser(
+        "create", help="print a new random key once, and the [[api_keys]] entry to add"
+    )
+    create.add_argument("--workspace", required=True)
+    create.add_argument("--role", required=True, choices=["member", "platform_admin", "auditor"])
+    create.add_argument("--models", default=None, help="comma-separated models (default: all)")
+    create.add_argument("--name", default="", help="a label shown in logs and paused_by")
     return parser
+
+
+def _create_key(workspace: str, role: str, models: str | None, name: str) -> int:
+    from pydantic import ValidationError
+
+    from backfill.keys import create_key, parse_models
+
+    try:
+        new = create_key(workspace, role, parse_models(models), name)  # type: ignore[arg-type]
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
+        )
+        print(f"backfill keys create: {problems}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"backfill keys create: {e}", file=sys.stderr)
+        return 2
+    print(f"New API key (shown only this once; backfill stores only its hash):\n\n  {new.key}\n")
+    print("Add this entry to the [[api_keys]] of your backfill.toml, then restart the api:\n")
+    print(new.toml(), end="")
+    return 0
 
 
 def _load_settings() -> Settings | None:
@@ -145,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(hash_key(key))
         return 0
+
+    if args.command == "keys":
+        return _create_key(args.workspace, args.role, args.models, args.name)
 
     configure_logging()
     settings = _load_settings()

@@ -93,6 +93,28 @@ class ApiKeyConfig(_Strict):
     role: Role = "member"
     name: str = ""
     """Human label (shown as `paused_by`, in logs); never the key."""
+    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    """Key id (`backfill keys create` makes one): recorded in each batch's identity snapshot
+    and in audit events. Without one, `key_` and the hash's first 12 hex digits stand in."""
+    models: list[str] | None = None
+    """The models this key may use, in batches and live requests (absent: every model)."""
+
+    @property
+    def key_id(self) -> str:
+        return self.id or f"key_{self.sha256[:12]}"
+
+
+class WorkspaceLimits(_Strict):
+    """Limits of one workspace (`[workspaces.<name>]`; `[workspaces.default]` applies to every
+    workspace without its own table). Exceeding one answers 429; nothing accepted changes."""
+
+    max_active_batches: int | None = Field(default=None, ge=1)
+    """Batches queued or running at once (None: no limit)."""
+    max_stored_bytes: int | None = Field(default=None, ge=1)
+    """Bytes of files the workspace may keep stored (uploads and batch outputs; None: no limit).
+    Only uploads are refused; a batch's output is always written."""
+    share_weight: int = Field(default=1, ge=1, le=1000)
+    """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
 
 
 class Settings(BaseSettings):
@@ -188,6 +210,8 @@ class Settings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     models: list[ModelConfig] = Field(default_factory=list)
     api_keys: list[ApiKeyConfig] = Field(default_factory=list)
+    workspaces: dict[str, WorkspaceLimits] = Field(default_factory=dict)
+    """Per-workspace limits by workspace name; the entry `default` applies to the others."""
 
     @classmethod
     def settings_customise_sources(
@@ -217,6 +241,11 @@ class Settings(BaseSettings):
                 if r.id in seen_routes:
                     raise ValueError(f"models.routes: duplicate route id {r.id!r}")
                 seen_routes.add(r.id)
+        seen_keys: set[str] = set()
+        for k in self.api_keys:
+            if k.key_id in seen_keys:
+                raise ValueError(f"api_keys: duplicate key id {k.key_id!r}")
+            seen_keys.add(k.key_id)
         return self
 
     @property
@@ -225,6 +254,10 @@ class Settings(BaseSettings):
         if self.worker_shutdown_grace_seconds is not None:
             return self.worker_shutdown_grace_seconds
         return self.limits.line_timeout_seconds
+
+    def workspace_limits(self, workspace: str) -> WorkspaceLimits:
+        """The workspace's own limits, else the `default` entry's, else no limits."""
+        return self.workspaces.get(workspace) or self.workspaces.get("default") or WorkspaceLimits()
 
     def model(self, model_id: str) -> ModelConfig | None:
         return next((m for m in self.models if m.id == model_id), None)
@@ -247,13 +280,13 @@ class Settings(BaseSettings):
         return found
 
     def shipped_dev_keys(self) -> list[str]:
-        """Names of configured keys that are the public dev key from the repository's
-        backfill.toml (anyone can read it: fine on loopback, never on a network)."""
-        dev = hash_key(DEV_KEY)
-        return [k.name or k.sha256[:8] for k in self.api_keys if k.sha256 == dev]
+        """Names of configured keys that are public dev keys from the repository's
+        backfill.toml (anyone can read them: fine on loopback, never on a network)."""
+        dev = {hash_key(key) for key in DEV_KEYS}
+        return [k.name or k.key_id for k in self.api_keys if k.sha256 in dev]
 
 
-FILE_ONLY = frozenset({"models", "limits", "api_keys"})
+FILE_ONLY = frozenset({"models", "limits", "api_keys", "workspaces"})
 
 
 class _ScalarEnv(EnvSettingsSource):
@@ -290,6 +323,8 @@ def warn_missing_upstream_keys(settings: Settings) -> None:
 
 DEV_KEY = "sk-backfill-dev"
 """The key in the repository's backfill.toml, printed by `make run`."""
+DEV_KEYS = (DEV_KEY, "sk-backfill-alice", "sk-backfill-bob", "sk-backfill-auditor")
+"""Every key of the repository's backfill.toml (all public)."""
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 

@@ -3,10 +3,11 @@
 Pure and deterministic (standard library only, no I/O, no clock, no randomness): it is called
 from inside the route scheduler workflow.
 
-``fair_shares`` computes target allotments: a max-min fair (water-filling) split of the cap across
-workspaces, then across the batches of each workspace, never more than a batch still wants. Slots
-that cannot be split evenly go one each to the workspace / batch with the fewest lines running,
-then the one served least recently, then the smallest name.
+``fair_shares`` computes target allotments: a weighted max-min fair (water-filling) split of the
+cap across workspaces (each workspace's share in proportion to its share weight, equal by
+default), then an even one across the batches of each workspace, never more than a batch still
+wants. Slots that cannot be split evenly go one each to the workspace / batch with the fewest
+lines running, then the one served least recently, then the smallest name.
 
 ``plan_step`` moves current allotments toward those targets without ever letting the slots held
 exceed the cap: shrinks keep their slots held until the batch acknowledges them, raises only use
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 __all__ = ["Claim", "Holding", "Step", "fair_shares", "fairness_order", "plan_step"]
 
@@ -35,6 +37,8 @@ class Claim:
     """Lines it runs now (as last known); fewer running wins remainder slots."""
     last_served: int
     """Sequence number of the batch's last allotment increase; 0 = never. Smaller wins ties."""
+    weight: int = 1
+    """Share weight of the batch's workspace (>= 1; if its batches disagree, the largest)."""
 
 
 @dataclass(frozen=True)
@@ -57,25 +61,35 @@ class Step:
     """Batch ids whose allotment went up, in raise order (the caller bumps their last_served)."""
 
 
-def _water_fill(total: int, demands: list[int], keys: list[_Key]) -> list[int]:
-    """Max-min fair split of ``total`` over ``demands``; leftover slots by ascending ``keys``."""
+def _water_fill(
+    total: int, demands: list[int], keys: list[_Key], weights: list[int] | None = None
+) -> list[int]:
+    """Weighted max-min fair split of ``total`` over ``demands`` (each share in proportion to its
+    weight, default 1); leftover slots by ascending ``keys``. With equal weights this is the
+    plain even split."""
     priority = keys.__getitem__
+    weight = [max(w, 1) for w in weights] if weights is not None else [1] * len(demands)
     shares = [0] * len(demands)
     left = max(total, 0)
-    pending = sorted(range(len(demands)), key=lambda i: (demands[i], priority(i)))
+    pending = sorted(
+        range(len(demands)), key=lambda i: (Fraction(demands[i], weight[i]), priority(i))
+    )
     for pos, i in enumerate(pending):
-        count = len(pending) - pos
-        share = left // count
+        rest_weight = sum(weight[j] for j in pending[pos:])
+        share = left * weight[i] // rest_weight
         if demands[i] <= share:
             shares[i] = demands[i]
             left -= demands[i]
             continue
-        # Every remaining demand exceeds the even share: give each the share, and one more slot
-        # to the first `left % count` by priority (each can take it: demand >= share + 1).
+        # Every remaining demand exceeds its weighted share (they are sorted by demand per
+        # weight): give each its share, and one more slot to the first leftovers by priority
+        # (each can take it: demand >= share + 1; fewer leftovers than remaining demands).
         rest = sorted(pending[pos:], key=priority)
-        extra = left - share * count
+        for j in rest:
+            shares[j] = left * weight[j] // rest_weight
+        extra = left - sum(shares[j] for j in rest)
         for rank, j in enumerate(rest):
-            shares[j] = share + (1 if rank < extra else 0)
+            shares[j] += 1 if rank < extra else 0
         break
     return shares
 
@@ -101,14 +115,16 @@ def _batch_key(claim: Claim) -> _Key:
 
 
 def fair_shares(cap: int, claims: Sequence[Claim]) -> dict[str, int]:
-    """Target allotment per batch_id: max-min fair split of ``cap`` across workspaces, then across
+    """Target allotment per batch_id: max-min fair split of ``cap`` across workspaces (weighted by
+    their share weights), then across
     batches within each workspace; never more than a batch's ``wanted``; the sum is
     ``min(cap, total wanted)``; every batch_id in claims appears in the result (0 allowed)."""
     groups = _group(claims)
     names = sorted(groups)
     ws_keys = [_ws_key(name, groups[name]) for name in names]
     ws_demand = [sum(max(c.wanted, 0) for c in groups[name]) for name in names]
-    ws_share = _water_fill(cap, ws_demand, ws_keys)
+    ws_weight = [max(c.weight for c in groups[name]) for name in names]
+    ws_share = _water_fill(cap, ws_demand, ws_keys, ws_weight)
     result: dict[str, int] = {}
     for name, share in zip(names, ws_share, strict=True):
         members = groups[name]

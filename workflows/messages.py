@@ -38,6 +38,12 @@ class BatchInput(BaseModel):
     created_at: int
     metadata: dict[str, str] | None = None
     allowed_models: list[str] | None = None
+    """Identity snapshot: the models the creating key may use (None: every model). The batch
+    runs under this snapshot to the end, whatever happens to the key later."""
+    key_id: str | None = None
+    """Identity snapshot: the id of the key that created the batch (never the key)."""
+    role: str | None = None
+    """Identity snapshot: that key's role when the batch was created."""
     line_timeout_seconds: float = 600.0
     max_line_retries: int = 5
     state: BatchState | None = None
@@ -99,6 +105,8 @@ class BatchSlot(BaseModel):
     last_served: int = 0
     arrived: int = 0
     """Arrival sequence (queue order among equals)."""
+    weight: int = 1
+    """Share weight of the batch's workspace, as its last demand said."""
 
 
 class SchedulerInput(BaseModel):
@@ -316,6 +324,8 @@ class Demand(BaseModel):
     epoch: int = 0
     """The last allotment epoch the batch saw: a re-registered batch continues from it, so its
     next allotment is never mistaken for a stale one."""
+    weight: int = 1
+    """Share weight of the batch's workspace (from the config when the demand is sent)."""
 
 
 class Allotment(BaseModel):

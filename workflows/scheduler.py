@@ -158,6 +158,7 @@ class RouteSchedulerWorkflow:
             )
             self._state.batches[d.batch_id] = slot
         slot.epoch = max(slot.epoch, d.epoch)
+        slot.weight = max(1, d.weight)
         wanted = max(0, d.wanted)
         slot.wanted = wanted
         if wanted < slot.allotment:
@@ -269,7 +270,7 @@ class RouteSchedulerWorkflow:
         # A closed gate: every allotment drops to zero; running lines finish.
         cap = s.settings.max_concurrent_lines if gate.open else 0
         claims = [
-            Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served)
+            Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served, b.weight)
             for b in s.batches.values()
         ]
         if s.replan or set(s.targets) != set(s.batches):

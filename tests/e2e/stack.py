@@ -44,7 +44,10 @@ KEYS = {
     "sk-test-gamma": ("gamma", "member"),
     "sk-test-admin": ("ops", "platform_admin"),
     "sk-test-auditor": ("audit", "auditor"),
+    "sk-test-limited": ("limited", "member"),
 }
+KEY_MODELS = {"sk-test-limited": ["other"]}
+"""Keys restricted to some models (the others may use every model)."""
 
 
 class Stack:
@@ -62,6 +65,7 @@ class Stack:
         upstream_key: str | None = None,
         sim_per_route: bool = False,
         route_extra: dict[str, Any] | None = None,
+        workspace_limits: dict[str, dict[str, int]] | None = None,
     ) -> None:
         """`upstream_key`: the routes' credential (through `api_key_env`), else none."""
         self.tmp = tmp
@@ -97,6 +101,8 @@ class Stack:
         self.route_extra = route_extra or {}
         """More keys of every route's config table (e.g. api_key_env)."""
         self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
+        self.workspace_limits = workspace_limits or {}
+        """`[workspaces.<name>]` tables by short workspace name (`alpha`, or `default`)."""
 
     @property
     def sims(self) -> list[SimServer]:
@@ -139,6 +145,11 @@ class Stack:
             lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"']
             lines += [f'workspace = "{self.workspaces[ws]}"']
             lines += [f'role = "{role}"', f'name = "{ws}-key"']
+            if key in KEY_MODELS:
+                lines.append(f"models = {json.dumps(KEY_MODELS[key])}")
+        for ws, table in self.workspace_limits.items():
+            lines.append(f'[workspaces."{self.workspaces.get(ws, ws)}"]')
+            lines += [f"{k} = {v!r}" for k, v in table.items()]
         self.config_path.write_text("\n".join(lines) + "\n")
 
     async def start(self, workers: int = 1) -> Stack:

@@ -322,3 +322,70 @@ def test_plan_step_random_sequence_never_exceeds_cap() -> None:
             step = plan_step(cap, targets, list(holdings.values()), ids)
             holdings = {b: Holding(b, step.allotments[b], step.allotments[b]) for b in ids}
         assert {b: h.allotment for b, h in holdings.items()} == targets, seed
+
+
+# ---- workspace share weights ----
+
+
+def weighted(batch_id: str, workspace: str, wanted: int, weight: int) -> Claim:
+    return Claim(batch_id, workspace, wanted, 0, 0, weight)
+
+
+def test_weights_split_the_cap_in_proportion() -> None:
+    claims = [weighted("a", "big", 100, 3), weighted("b", "small", 100, 1)]
+    assert fair_shares(8, claims) == {"a": 6, "b": 2}
+
+
+def test_a_weighted_workspace_wanting_less_leaves_the_rest() -> None:
+    claims = [weighted("a", "big", 2, 3), weighted("b", "small", 100, 1)]
+    assert fair_shares(8, claims) == {"a": 2, "b": 6}
+
+
+def test_weight_is_per_workspace_not_per_batch() -> None:
+    claims = [
+        weighted("a1", "big", 100, 2),
+        weighted("a2", "big", 100, 2),
+        weighted("b", "small", 100, 1),
+    ]
+    shares = fair_shares(9, claims)
+    assert ws_totals(claims, shares) == {"big": 6, "small": 3}
+    assert shares["a1"] + shares["a2"] == 6 and abs(shares["a1"] - shares["a2"]) <= 1
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_weighted_shares_are_max_min_fair(seed: int) -> None:
+    """Random instances: the sum is min(cap, total wanted), nobody gets more than it wants, and
+    a workspace held below its demand has its weighted share of what the others got, to the
+    rounding of one slot each way: for workspaces i (short of its demand) and j,
+    (share_i + 1) / w_i >= (share_j - 1) / w_j."""
+    rng = random.Random(seed)
+    names = [f"w{i}" for i in range(rng.randint(1, 5))]
+    weights = {n: rng.randint(1, 5) for n in names}
+    claims = [
+        weighted(f"{n}-{k}", n, rng.randint(0, 30), weights[n])
+        for n in names
+        for k in range(rng.randint(1, 3))
+    ]
+    cap = rng.randint(0, 60)
+    shares = fair_shares(cap, claims)
+    wanted = {n: sum(c.wanted for c in claims if c.workspace == n) for n in names}
+    got = ws_totals(claims, shares)
+    assert sum(got.values()) == min(cap, sum(wanted.values()))
+    for n in names:
+        assert 0 <= got[n] <= wanted[n]
+    for i in names:
+        if got[i] >= wanted[i]:
+            continue
+        for j in names:
+            assert (got[i] + 1) * weights[j] >= (got[j] - 1) * weights[i], (i, j, got, weights)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_unit_weights_change_nothing(seed: int) -> None:
+    rng = random.Random(seed)
+    claims = [
+        claim(f"b{i}", f"w{rng.randint(0, 3)}", rng.randint(0, 20), rng.randint(0, 5), i)
+        for i in range(rng.randint(1, 8))
+    ]
+    cap = rng.randint(0, 40)
+    assert fair_shares(cap, claims) == slot_by_slot(cap, claims)

@@ -1,0 +1,178 @@
+"""Tenancy on the real stack: a key restricted to some models, the identity snapshot a batch
+runs under (also after its key is revoked), and workspace limits answered 429."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from temporalio.client import Client
+
+from backfill.config import hash_key
+from backfill.dev.procs import backfill_argv
+from backfill.sim import SimConfig
+from tests.e2e.conftest import MakeStack
+from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_terminal
+from tests.e2e.test_roles_matrix import SCHEDULING, closed_window
+from tests.e2e.test_scheduler import wait_scheduler
+from tests.polling import poll_until
+
+LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta", "sk-test-admin"
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def _upload(http: httpx.AsyncClient, key: str, data: bytes) -> httpx.Response:
+    return await http.post(
+        "/v1/files", headers=auth(key), data={"purpose": "batch"}, files={"file": ("i", data)}
+    )
+
+
+async def _create(http: httpx.AsyncClient, key: str, file_id: str) -> httpx.Response:
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    return await http.post("/v1/batches", headers=auth(key), json=body)
+
+
+async def _started_input(client: Client, batch_id: str) -> dict[str, Any]:
+    history = await client.get_workflow_handle(batch_id).fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    return json.loads(started.input.payloads[0].data)  # type: ignore[no-any-return]
+
+
+async def test_restricted_key(stack: Stack, temporal_client: Client) -> None:
+    """A key limited to model `other` may not use `demo`: its batch fails validation
+    (`unknown_model` on every line), its live request is 404 as for an unknown model, and `demo` is
+    not in its model list. The batch's input holds the identity snapshot."""
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
+        models = (await http.get("/v1/models", headers=auth(LIMITED))).json()["data"]
+        assert models == []
+        everyone = (await http.get("/v1/models", headers=auth(ALPHA))).json()["data"]
+        assert [m["id"] for m in everyone] == ["demo"]
+        resp = await http.get("/v1/models/demo", headers=auth(LIMITED))
+        assert_error(resp, 404, param="model", code="model_not_found")
+        resp = await http.post("/v1/chat/completions", headers=auth(LIMITED), json=CHAT)
+        assert_error(resp, 404, param="model", code="model_not_found")
+        assert (await http.post("/v1/chat/completions", headers=auth(ALPHA), json=CHAT)).is_success
+
+        file_id = (await _upload(http, LIMITED, jsonl(2, model="demo"))).json()["id"]
+        created = await _create(http, LIMITED, file_id)
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+    batch = await wait_terminal(stack.client(LIMITED), batch_id, within=120)
+    assert batch.status == "failed", batch
+    assert [(e.code, e.line, e.param) for e in batch.errors.data] == [
+        ("unknown_model", 1, "body.model"),
+        ("unknown_model", 2, "body.model"),
+    ]
+    assert "you do not have access" in batch.errors.data[0].message
+    snapshot = await _started_input(temporal_client, batch_id)
+    assert snapshot["workspace"] == stack.workspaces["limited"]
+    assert snapshot["allowed_models"] == ["other"]
+    assert snapshot["role"] == "member"
+    assert snapshot["key_id"] == f"key_{hash_key(LIMITED)[:12]}"
+    assert LIMITED not in json.dumps(snapshot)
+
+
+async def test_revoked_key_does_not_stop_an_accepted_batch(stack: Stack) -> None:
+    """Alpha's batch is accepted and held; then alpha's key is removed from the config and the
+    api and worker restart. The key is refused from then on, and the batch still completes."""
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
+        url = SCHEDULING.format(route=stack.route_id)
+        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
+        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
+        file_id = (await _upload(http, ALPHA, jsonl(3))).json()["id"]
+        batch_id = (await _create(http, ALPHA, file_id)).json()["id"]
+
+        # Revoke: alpha's entry now holds a hash no key has.
+        text = stack.config_path.read_text()
+        assert hash_key(ALPHA) in text
+        stack.config_path.write_text(text.replace(hash_key(ALPHA), "0" * 64))
+        for child in (stack.api, *stack.workers):
+            await asyncio.to_thread(child.stop)
+        stack.workers.clear()
+        stack.start_worker()
+        stack.api.start(backfill_argv("api"), stack.env(), stack.tmp / "api2.log")
+        await stack.wait_healthy()
+
+        resp = await http.get(f"/v1/batches/{batch_id}", headers=auth(ALPHA))
+        assert_error(resp, 401, code="invalid_api_key")
+        opened = {"max_concurrent_lines": 4, "time_window": None}
+        assert (await http.put(url, headers=auth(ADMIN), json=opened)).status_code == 200
+        done = await poll_until(
+            lambda: http.get(f"/api/v1/admin/batches/{batch_id}", headers=auth(ADMIN)),
+            lambda r: r.json()["status"] in ("completed", "failed", "cancelled", "expired"),
+            timeout=120,
+            what="the revoked key's batch to end",
+        )
+    batch = done.json()
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 3, batch
+
+
+async def test_workspace_limits(make_stack: MakeStack) -> None:
+    """Alpha may keep one batch queued or running and 2 KiB of files; beyond either it gets
+    429 in OpenAI's envelope, and what it had is unchanged. Beta (no limits) is unaffected."""
+    stack = await make_stack(
+        workspace_limits={"alpha": {"max_active_batches": 1, "max_stored_bytes": 2048}}
+    )
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
+        url = SCHEDULING.format(route=stack.route_id)
+        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
+        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
+
+        small = jsonl(3)
+        assert len(small) < 1024
+        first = await _upload(http, ALPHA, small)
+        assert first.status_code == 200, first.text
+        too_big = jsonl(30)
+        assert len(too_big) > 2048 - len(small)
+        resp = await _upload(http, ALPHA, too_big)
+        assert_error(resp, 429, code="storage_limit_exceeded", type_="rate_limit_error")
+        files = (await http.get("/v1/files", headers=auth(ALPHA))).json()["data"]
+        assert [f["id"] for f in files] == [first.json()["id"]]
+
+        file_id = first.json()["id"]
+        created = await _create(http, ALPHA, file_id)
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+        # Visibility lists the batch once its start is indexed: the limit counts from there.
+        await poll_until(
+            lambda: http.get("/v1/batches", headers=auth(ALPHA)),
+            lambda r: [b["id"] for b in r.json()["data"]] == [batch_id],
+            timeout=30,
+            what="the first batch listed",
+        )
+        resp = await _create(http, ALPHA, file_id)
+        assert_error(resp, 429, code="batch_limit_exceeded", type_="rate_limit_error")
+        listed = (await http.get("/v1/batches", headers=auth(ALPHA))).json()["data"]
+        assert [(b["id"], b["status"]) for b in listed] in (
+            [(batch_id, "validating")],
+            [(batch_id, "in_progress")],
+        )
+        # Beta has no limits.
+        beta_file = (await _upload(http, BETA, too_big)).json()["id"]
+        for _ in range(2):
+            assert (await _create(http, BETA, beta_file)).status_code == 200
+
+
+async def test_share_weight_splits_a_route(make_stack: MakeStack, temporal_client: Client) -> None:
+    """Alpha (share weight 3) and beta (default 1) both want more lines than the route's cap
+    of 4: the scheduler gives alpha 3 slots and beta 1."""
+    stack = await make_stack(
+        cap=4,
+        sim=SimConfig(model_names=[], latency_ms=300),
+        workspace_limits={"alpha": {"share_weight": 3}},
+    )
+    heavy = await submit(stack, 200, key=ALPHA, prefix="heavy")
+    light = await submit(stack, 200, key=BETA, prefix="light")
+    st = await wait_scheduler(
+        temporal_client,
+        stack.route_id,
+        lambda s: {b.batch_id: b.allotment for b in s.batches} == {heavy: 3, light: 1},
+        "allotments 3:1 by share weight",
+    )
+    assert sum(b.allotment for b in st.batches) == 4
