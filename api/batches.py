@@ -85,25 +85,54 @@ async def create_batch(
         role=identity.role,
         line_timeout_seconds=settings.limits.line_timeout_seconds,
         max_line_retries=settings.limits.max_line_retries,
+        output_expires_after_seconds=(
+            req.output_expires_after.seconds if req.output_expires_after else None
+        ),
     )
-    summary = f"{req.endpoint} batch of {file.filename} ({identity.workspace})"
+    summary = batch_summary(req.endpoint, file.filename, identity.workspace)
+    try:
+        await _start(client, settings, inp, identity.workspace, summary)
+    except BaseException:
+        # Nothing runs: the pinned copy of the input must not outlive the failed create.
+        await asyncio.to_thread(store.drop_batch_work, batch_id)
+        raise
+    return BatchWorkflow.initial_batch(inp)
+
+
+SUMMARY_BYTES = 400
+"""Temporal's default limit on a workflow's summary; a longer one fails `start_workflow`."""
+
+
+def batch_summary(endpoint: str, filename: str, workspace: str) -> str:
+    """`<endpoint> batch of <file> (<workspace>)`, within `SUMMARY_BYTES` of UTF-8: the file
+    name (the user's, up to 256 characters of any script) is cut on a character boundary."""
+    frame = f"{endpoint} batch of  ({workspace})"
+    room = SUMMARY_BYTES - len(frame.encode())
+    name = filename
+    if len(name.encode()) > room:
+        name = name.encode()[: max(0, room - 3)].decode(errors="ignore") + "…"
+    return f"{endpoint} batch of {name} ({workspace})"
+
+
+async def _start(
+    client: Client, settings: Settings, inp: BatchInput, workspace: str, summary: str
+) -> None:
     await client.start_workflow(
         BatchWorkflow.run,
         inp,
-        id=batch_id,
+        id=inp.batch_id,
         task_queue=settings.task_queue,
         search_attributes=TypedSearchAttributes(
             [
-                SearchAttributePair(sa.WORKSPACE, identity.workspace),
+                SearchAttributePair(sa.WORKSPACE, workspace),
                 SearchAttributePair(sa.STATUS, "validating"),
-                SearchAttributePair(sa.ENDPOINT, req.endpoint),
-                SearchAttributePair(sa.CREATED_AT, now),
+                SearchAttributePair(sa.ENDPOINT, inp.endpoint),
+                SearchAttributePair(sa.CREATED_AT, inp.created_at),
             ]
         ),
-        memo={"workspace": identity.workspace, SUMMARY_MEMO: summary},
+        memo={"workspace": workspace, SUMMARY_MEMO: summary},
         static_summary=summary,
     )
-    return BatchWorkflow.initial_batch(inp)
 
 
 @router.get("", response_model=BatchList)

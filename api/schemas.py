@@ -147,6 +147,13 @@ MetadataKey = Annotated[str, StringConstraints(max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's `{"anchor": "created_at", "seconds": 3600..2592000}`."""
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=30 * 86400)
+
+
 class CreateBatch(BaseModel):
     """`POST /v1/batches`. Unknown fields are ignored."""
 
@@ -160,6 +167,8 @@ class CreateBatch(BaseModel):
         default=None, max_length=MAX_METADATA_PAIRS
     )
     """Up to 16 pairs; keys of at most 64 characters, string values of at most 512."""
+    output_expires_after: ExpiresAfter | None = None
+    """OpenAI's expiration policy for the output and error files (default: kept until deleted)."""
 
 
 class BatchList(BaseModel):

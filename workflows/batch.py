@@ -459,6 +459,7 @@ class BatchWorkflow:
                     workspace=self._input.workspace,
                     input_file_id=self._b.input_file_id,
                     reason=reason,
+                    output_expires_after_seconds=self._input.output_expires_after_seconds,
                 ),
                 start_to_close_timeout=timedelta(hours=1),
                 heartbeat_timeout=timedelta(seconds=60),

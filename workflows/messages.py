@@ -46,6 +46,9 @@ class BatchInput(BaseModel):
     """Identity snapshot: that key's role when the batch was created."""
     line_timeout_seconds: float = 600.0
     max_line_retries: int = 5
+    output_expires_after_seconds: int | None = None
+    """`output_expires_after`: the output and error files expire this long after they are
+    assembled (None: kept until deleted)."""
     state: BatchState | None = None
     """Carried across continue-as-new; None on the first run."""
 

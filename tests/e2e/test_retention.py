@@ -77,3 +77,26 @@ async def test_the_schedule_deletes_expired_files_and_a_finished_batch_keeps_onl
         assert done.output_file_id is not None
         assert (await client.files.retrieve(done.output_file_id)).expires_at is None
         await handle.delete()
+
+
+async def test_output_expires_after_and_a_long_non_ascii_file_name(stack: Stack) -> None:
+    client = stack.client()
+    f = await client.files.create(file=("名前" * 128 + ".jsonl", jsonl(2)), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=f.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"output_expires_after": {"anchor": "created_at", "seconds": 7200}},
+    )
+    done = await wait_terminal(client, batch.id, within=120)
+    assert done.status == "completed" and done.output_file_id is not None
+    out = await client.files.retrieve(done.output_file_id)
+    assert out.expires_at == out.created_at + 7200
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.batches.create(
+            input_file_id=f.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_body={"output_expires_after": {"anchor": "created_at", "seconds": 5}},
+        )
+    assert err.value.body["param"] == "output_expires_after"  # type: ignore[index]

@@ -327,3 +327,14 @@ def test_file_routes_answer_the_documented_models(http: TestClient) -> None:
     assert http.get(f"/v1/files/{body['id']}").status_code == 404
     bad = http.get("/v1/files", params={"limit": "abc"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+
+
+def test_a_batch_summary_fits_temporals_400_bytes_whatever_the_file_name() -> None:
+    from api.batches import SUMMARY_BYTES, batch_summary
+
+    for name in ("in.jsonl", "名" * 256, "é" * 300, "😀" * 256):
+        summary = batch_summary("/v1/chat/completions", name, "workspace-" + "w" * 50)
+        assert len(summary.encode()) <= SUMMARY_BYTES, (name[:5], len(summary.encode()))
+        assert summary.startswith("/v1/chat/completions batch of ")
+        assert summary.endswith(f"(workspace-{'w' * 50})")
+    assert batch_summary("/v1/embeddings", "a.jsonl", "w") == "/v1/embeddings batch of a.jsonl (w)"
