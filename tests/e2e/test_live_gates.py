@@ -152,3 +152,26 @@ async def test_a_route_answering_429_backs_off_as_a_whole_and_fails_no_line(
         assert gaps and min(gaps) >= 2.0 - 0.2, (bursts, gaps)
         per_burst = len(limited) / len(bursts)
         assert per_burst <= 4, per_burst  # never more than the cap at once
+
+
+async def test_the_priority_hint_reaches_batch_lines_only(
+    tmp_path: Path, dev_server: TemporalServer
+) -> None:
+    sim = SimConfig(model_names=[], latency_ms=20, scheduling_policy="priority")
+    stack = Stack(tmp_path, dev_server.address, cap=2, sim=sim)
+    async with stack.running(), httpx.AsyncClient(timeout=30) as http:
+        await put_settings(stack, http, {"max_concurrent_lines": 2, "priority_hint": 10})
+        client = stack.client()
+        batch_id = await submit(stack, 6)
+        for _ in range(2):
+            await client.chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": "live"}]
+            )
+        done = await wait_terminal(client, batch_id, within=120)
+        assert done.status == "completed" and done.request_counts.completed == 6
+        seen = list(stack.sim.app.seen)
+        batch = [s for s in seen if s.batch is not None]
+        live = [s for s in seen if s.batch is None]
+        assert len(batch) == 6 and len(live) == 2
+        assert {s.priority for s in batch} == {10}
+        assert not any(s.has_priority for s in live)
