@@ -101,7 +101,7 @@ class LineActivities:
         rid = new_request_id()
         async with heartbeating():
             answer = await self._send(route, input, request, line_no, rid)
-        self._journal(input, request, rid, answer)
+            self._journal(input, request, rid, answer)  # at once: a cancel may end the `with`
         if answer.retry and not input.final_attempt:
             return LineOutcome(
                 line=line_no,
