@@ -98,6 +98,16 @@ async def test_usage_totals_equal_the_tokens_the_upstream_served(make_stack: Mak
         )
         assert await totals(ADMIN) == want
         assert await totals(AUDITOR, **{"from": 0, "to": 1}) == {}
+        for bad in ({"from": "yesterday"}, {"from": 10, "to": 5}):
+            r = await http.get(
+                f"{stack.api_url}/api/v1/admin/usage", headers=auth(AUDITOR), params=bad
+            )
+            assert r.status_code == 400 and set(r.json()["error"]) == {
+                "message",
+                "type",
+                "param",
+                "code",
+            }, r.text
         member = await http.get(f"{stack.api_url}/api/v1/admin/usage", headers=auth(ALPHA))
         assert member.status_code == 403, member.text
         assert member.json()["error"]["code"] == "insufficient_role"
