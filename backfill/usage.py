@@ -21,7 +21,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -77,7 +77,12 @@ class UsageEntry:
 
     @classmethod
     def from_line(cls, line: bytes) -> UsageEntry:
-        return cls(**json.loads(line))
+        """An entry from its line; fields a newer writer added are ignored, not fatal."""
+        data = json.loads(line)
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset(f.name for f in fields(UsageEntry))
 
 
 @dataclass(frozen=True)

@@ -183,3 +183,10 @@ def test_the_live_reader_finds_usage_in_json_and_in_a_stream() -> None:
     no_usage = UsageReader("text/event-stream")
     no_usage.feed(f"data: {json.dumps(events[0])}\n\ndata: [DONE]\n\n".encode())
     assert no_usage.tokens() == (0, 0)
+
+
+def test_a_field_added_by_a_newer_writer_does_not_hide_the_entry(tmp_path: Path) -> None:
+    (tmp_path / USAGE_DIR).mkdir()
+    newer = {**json.loads(entry(T0 + 1).to_line()), "cached_tokens": 4}
+    (tmp_path / USAGE_DIR / f"{hour_name(T0)}.p9.jsonl").write_text(json.dumps(newer) + "\n")
+    assert list(read_entries(tmp_path)) == [entry(T0 + 1)]
