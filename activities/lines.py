@@ -28,7 +28,6 @@ from activities.records import (
     custom_id_of,
     describe_error,
     error_record_bytes,
-    new_record_id,
     outcome_from_record,
     response_record_bytes,
     usage_of,
@@ -36,6 +35,7 @@ from activities.records import (
 from backfill import metrics
 from backfill.config import RouteConfig, Settings
 from backfill.store import FileStore
+from backfill.usage import UsageEntry, UsageJournal, new_request_id
 from workflows.messages import LineInput, LineOutcome
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
@@ -55,10 +55,18 @@ answered: typically a pooled keep-alive connection it closed as the request went
 
 
 class LineActivities:
-    def __init__(self, settings: Settings, store: FileStore, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: FileStore,
+        http: httpx.AsyncClient,
+        usage: UsageJournal | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.http = http
+        self.usage = usage
+        """Where every attempt sent upstream is journaled (None: nowhere)."""
         self._io = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="line-store")
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -90,8 +98,10 @@ class LineActivities:
                 input.batch_id, _failed(custom_id, line_no, "route_removed", msg)
             )
         request = json.loads(raw)
+        rid = new_request_id()
         async with heartbeating():
-            answer = await self._send(route, input, request, line_no)
+            answer = await self._send(route, input, request, line_no, rid)
+            self._journal(input, request, rid, answer)  # at once: a cancel may end the `with`
         if answer.retry and not input.final_attempt:
             return LineOutcome(
                 line=line_no,
@@ -116,14 +126,43 @@ class LineActivities:
             return input.timeout_seconds
         return self.settings.limits.line_timeout_seconds
 
+    def _journal(self, input: LineInput, request: dict[str, Any], rid: str, answer: Answer) -> None:
+        """One usage entry for the attempt just made, under the batch's identity snapshot."""
+        if self.usage is None:
+            return
+        out, body = answer.outcome, request.get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+        self.usage.record(
+            UsageEntry(
+                at=time.time(),
+                request_id=rid,
+                workspace=input.workspace or "",
+                key_id=input.key_id,
+                model=model if isinstance(model, str) else "",
+                route=input.route_id,
+                service_class="batch",
+                status=str(out.status_code) if out.status_code else (out.error_code or "error"),
+                prompt_tokens=out.usage.input_tokens if out.usage else 0,
+                completion_tokens=out.usage.output_tokens if out.usage else 0,
+                batch_id=input.batch_id,
+            )
+        )
+
     async def _send(
-        self, route: RouteConfig, input: LineInput, request: dict[str, Any], line_no: int
+        self,
+        route: RouteConfig,
+        input: LineInput,
+        request: dict[str, Any],
+        line_no: int,
+        rid: str,
     ) -> Answer:
-        """Send one request and turn whatever comes back into the line's record."""
+        """Send one request (`X-Request-ID: rid`) and turn whatever comes back into the line's
+        record."""
         custom_id = request["custom_id"]
         url = route.base_url.rstrip("/") + input.endpoint.removeprefix("/v1")
         headers = {
             "X-Backfill-Batch": input.batch_id,
+            "X-Request-ID": rid,
             "Content-Type": "application/json",
             # The response cap counts bytes on the wire, not a decompressed body.
             "Accept-Encoding": "identity",
@@ -158,7 +197,6 @@ class LineActivities:
                             return _failed(custom_id, line_no, "response_too_large", msg)
                 finally:
                     await resp.aclose()
-                request_id = resp.headers.get("x-request-id") or new_record_id()
                 status = resp.status_code
                 content_type = resp.headers.get("content-type", "no content type")
                 retry_after = parse_retry_after(resp.headers.get("retry-after"))
@@ -175,7 +213,7 @@ class LineActivities:
             return _failed(custom_id, line_no, "upstream_error", describe_error(err), retry=True)
         except httpx.HTTPError as err:
             return _failed(custom_id, line_no, "upstream_error", describe_error(err))
-        answer = _answer(custom_id, line_no, status, request_id, content_type, bytes(body))
+        answer = _answer(custom_id, line_no, status, rid, content_type, bytes(body))
         return dataclasses.replace(answer, retry_after=retry_after) if answer.retry else answer
 
     async def _send_answered(self, request: httpx.Request) -> httpx.Response:

@@ -14,7 +14,7 @@ from temporalio.client import Client
 
 from activities.load_metrics import configured_bases
 from activities.server_load import ServerLoadReader
-from api import admin, admin_batches, batches, errors, files, health, proxy
+from api import admin, admin_batches, admin_usage, batches, errors, files, health, proxy
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
@@ -23,6 +23,7 @@ from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill.config import Settings
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from backfill.usage import UsageJournal
 
 UPSTREAM_LIMITS = httpx.Limits(
     max_connections=1024, max_keepalive_connections=128, keepalive_expiry=2.0
@@ -38,6 +39,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.store = FileStore(settings.data_dir)
+        app.state.usage = UsageJournal(settings.data_dir)
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         if client is not None:
@@ -62,6 +64,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         finally:
             await reporter.stop()
             await link.stop()
+            app.state.usage.close()
 
     app = FastAPI(title="backfill", lifespan=lifespan)
     errors.install(app)
@@ -76,6 +79,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(admin_batches.router)
+    app.include_router(admin_usage.router)
     return app
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -27,11 +28,13 @@ from starlette.types import Receive, Scope, Send
 from api.deps import Identity, IdentityDep, SettingsDep, WriterDep, get_http
 from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
 from api.live_traffic import LiveTraffic
+from api.live_usage import UsageReader
 from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
 from backfill.config import ModelConfig, RouteConfig, Settings
 from backfill.metrics import LIVE_REQUEST_SECONDS
 from backfill.routing import choose_route
+from backfill.usage import UsageEntry, UsageJournal
 
 router = APIRouter(prefix="/v1", tags=["live"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)
@@ -155,7 +158,26 @@ async def _forward(
         headers=_upstream_headers(request, route, rid),
         timeout=httpx.Timeout(settings.limits.line_timeout_seconds, connect=5.0, pool=5.0),
     )
-    return UpstreamResponse(http, upstream, live, route.id)
+    journal: UsageJournal | None = getattr(request.app.state, "usage", None)
+
+    def account(status: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if journal is not None:
+            journal.record(
+                UsageEntry(
+                    at=time.time(),
+                    request_id=rid,
+                    workspace=identity.workspace,
+                    key_id=identity.key_id or None,
+                    model=model.id,
+                    route=route.id,
+                    service_class="live",
+                    status=status,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                )
+            )
+
+    return UpstreamResponse(http, upstream, live, route.id, account)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -221,17 +243,28 @@ class UpstreamResponse(Response):
     closes the upstream request), upstream failure, or cancellation."""
 
     def __init__(
-        self, http: httpx.AsyncClient, upstream: httpx.Request, live: LiveTraffic, route: str
+        self,
+        http: httpx.AsyncClient,
+        upstream: httpx.Request,
+        live: LiveTraffic,
+        route: str,
+        account: Callable[[str, int, int], None] | None = None,
     ) -> None:
         super().__init__()
         self.http, self.upstream, self.live, self.route = http, upstream, live, route
         self.started = time.monotonic()
+        self.account = account
+        """Journals the attempt: (status or error code, prompt tokens, completion tokens)."""
+        self.status = "client_closed"
+        self.reader: UsageReader | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.started = time.monotonic()
         try:
             await self._counted(receive, send)
         finally:
+            if self.account is not None:
+                self.account(self.status, *(self.reader.tokens() if self.reader else (0, 0)))
             LIVE_REQUEST_SECONDS.labels(self.route, "total").observe(
                 time.monotonic() - self.started
             )
@@ -255,18 +288,22 @@ class UpstreamResponse(Response):
         try:
             resp = await self.http.send(self.upstream, stream=True)
         except httpx.PoolTimeout as err:
+            self.status = "gateway_busy"
             await _send_error(send, _gateway_error(503, "is busy", err, "gateway_busy"))
             return
         except httpx.TimeoutException as err:
+            self.status = "upstream_timeout"
             await _send_error(
                 send, _gateway_error(504, "did not answer in time", err, "upstream_timeout")
             )
             return
         except httpx.HTTPError as err:
+            self.status = "upstream_unavailable"
             await _send_error(
                 send, _gateway_error(502, "could not be reached", err, "upstream_unavailable")
             )
             return
+        self.status = str(resp.status_code)
         try:
             if resp.status_code >= 400:
                 await self._relay_error(resp, send)
@@ -275,10 +312,12 @@ class UpstreamResponse(Response):
             await send(
                 {"type": "http.response.start", "status": resp.status_code, "headers": headers}
             )
+            self.reader = UsageReader(resp.headers.get("content-type", ""))
             try:
                 first = True
                 async for chunk in resp.aiter_raw():
                     if chunk:
+                        self.reader.feed(chunk)
                         if first:  # time to first token, for a stream
                             first = False
                             LIVE_REQUEST_SECONDS.labels(self.route, "ttft").observe(

@@ -26,6 +26,7 @@ from activities.validation import ValidationActivities
 from backfill.config import Settings, warn_missing_upstream_keys
 from backfill.store import FileStore
 from backfill.temporal_client import connect
+from backfill.usage import UsageJournal
 from worker.exporter import Exporter
 from worker.lag import log_every
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
@@ -43,10 +44,14 @@ seconds in the task queue before any worker took them (docs/performance.md)."""
 
 
 def activities(
-    settings: Settings, store: FileStore, http: httpx.AsyncClient, client: Client
+    settings: Settings,
+    store: FileStore,
+    http: httpx.AsyncClient,
+    client: Client,
+    usage: UsageJournal | None = None,
 ) -> list[Callable[..., Any]]:
     """Every activity a worker serves, bound to its clients (one list for every worker kind)."""
-    lines = LineActivities(settings, store, http)
+    lines = LineActivities(settings, store, http, usage)
     control = ControlActivities(settings, client)
     load = ServerLoadActivities(ServerLoadReader(configured_bases(settings)), client)
     return [
@@ -109,12 +114,15 @@ async def running_worker(
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit."""
     store = FileStore(settings.data_dir)
-    async with upstream_client(settings.upstream_keepalive_seconds) as http:
+    usage = UsageJournal(settings.data_dir)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(usage.close)  # after the worker: its last lines' entries too
+        http = await stack.enter_async_context(upstream_client(settings.upstream_keepalive_seconds))
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
             workflows=[BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow],
-            activities=activities(settings, store, http, client),
+            activities=activities(settings, store, http, client, usage),
             max_concurrent_activities=settings.worker_max_concurrent_activities,
             activity_task_poller_behavior=ACTIVITY_POLLERS,
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),

@@ -269,6 +269,8 @@ class BatchWorkflow:
             ),
             timeout_seconds=self._input.line_timeout_seconds,
             priority=lane.priority,
+            workspace=self._input.workspace,
+            key_id=self._input.key_id,
         )
         try:
             outcome: LineOutcome = await workflow.execute_activity_method(

@@ -257,6 +257,10 @@ class LineInput(BaseModel):
     """The whole exchange's deadline, chosen by the workflow (which sizes the activity's
     start-to-close timeout from the same number). None: the worker's setting (lines scheduled
     before this field existed)."""
+    workspace: str | None = None
+    """The batch's workspace (identity snapshot), for the usage journal."""
+    key_id: str | None = None
+    """The id of the key that created the batch (identity snapshot), for the usage journal."""
 
 
 class LineOutcome(BaseModel):

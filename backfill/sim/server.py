@@ -166,6 +166,9 @@ class _Traffic:
     requests_total: int = 0
     concurrent: int = 0
     peak_concurrent: int = 0
+    prompt_tokens: int = 0
+    """Tokens of the answers completed (usage sent or, for a stream, its last event sent)."""
+    completion_tokens: int = 0
 
     def begin(self) -> None:
         self.requests_total += 1
@@ -174,12 +177,15 @@ class _Traffic:
 
     def reset(self) -> None:
         self.requests_total, self.peak_concurrent = 0, self.concurrent
+        self.prompt_tokens = self.completion_tokens = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "requests_total": self.requests_total,
             "concurrent": self.concurrent,
             "peak_concurrent": self.peak_concurrent,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
         }
 
 
@@ -227,6 +233,12 @@ class SimStats:
         (self.live if batch is None else self.batch).concurrent -= 1
         self.by_status[status] += 1
 
+    def served(self, req: _Req, usage: dict[str, int]) -> None:
+        """Count a completed answer's tokens under its traffic class."""
+        traffic = self.batch if req.batch else self.live
+        traffic.prompt_tokens += usage.get("prompt_tokens", 0)
+        traffic.completion_tokens += usage.get("completion_tokens", 0)
+
     def reset(self, sched: Scheduler | GpuEngine) -> None:
         for t in (self.all, self.batch, self.live):
             t.reset()
@@ -251,6 +263,8 @@ class _Req:
     stream: bool
     include_usage: bool
     raw: dict[str, Any]
+    batch: bool = False
+    """Sent with `X-Backfill-Batch` (a batch line), else live."""
 
 
 def _texts(value: Any, name: str) -> list[str]:
@@ -483,6 +497,7 @@ class SimApp:
         except _BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
         self._see(path, headers, req)
+        req.batch = _BATCH_KEY in headers
         key = self.config.api_key
         if key is not None and headers.get(b"authorization") != b"Bearer " + key.encode():
             return await _send_json(send, 401, _error_body(401, "Invalid API key"), hdrs)
@@ -573,6 +588,7 @@ class SimApp:
         st.prompt_tokens += prompt_tokens
         if req.kind == _EMBEDDINGS:
             st.success_by_reason["stop"] += 1
+            st.served(req, {"prompt_tokens": prompt_tokens})
             return await _send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
         chat = req.kind == _CHAT
         prompts = req.texts[-1:] if chat else req.texts
@@ -600,6 +616,7 @@ class SimApp:
                 {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             )
             choices.append({"index": i, **body, "finish_reason": reason, "logprobs": None})
+        st.served(req, usage)
         return await _send_json(send, 200, {**head, "choices": choices, "usage": usage}, hdrs)
 
     def _embeddings(self, req: _Req, prompt_tokens: int) -> dict[str, Any]:
@@ -656,6 +673,7 @@ class SimApp:
             data = b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        self.stats.served(req, usage)
         return 200
 
     async def _respond_gpu(
@@ -704,6 +722,7 @@ class SimApp:
             if seq.aborted:
                 return _ABORTED
             st.success_by_reason["stop"] += 1
+            st.served(req, {"prompt_tokens": seq.prompt_tokens})
             return await _send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
         prompts = [p for p in (req.texts[-1:] if chat else req.texts) for _ in range(req.n)]
         reason = "length" if req.max_tokens else "stop"
@@ -727,6 +746,7 @@ class SimApp:
             "completion_tokens": completion,
             "total_tokens": seq.prompt_tokens + completion,
         }
+        st.served(req, usage)
         if req.stream:
             tail = reply.tail_events(usage if req.include_usage else None)
             await send({"type": "http.response.body", "body": tail})

@@ -108,6 +108,7 @@ TABLE: list[Row] = [
     Row("POST", "/api/v1/admin/batches/{batch}/pause", ADMIN_WRITE),
     Row("POST", "/api/v1/admin/batches/{batch}/resume", ADMIN_WRITE),
     Row("GET", "/api/v1/admin/files?workspace={alpha}", ADMIN_READ),
+    Row("GET", "/api/v1/admin/usage?workspace={alpha}", ADMIN_READ),
     # Last: the owner cancels its own batch, after every refused cancel.
     Row(
         "POST", "/v1/batches/{batch}/cancel", {FOREIGN: 404, AUDITOR: 403, NOBODY: 401, OWNER: 200}

@@ -92,7 +92,10 @@ def test_success_is_committed_with_usage_and_the_batch_header(tmp_path: Path) ->
     assert json.loads(seen[0].content)["model"] == "demo"
     rec = record(store)
     assert rec["custom_id"] == "c0" and rec["error"] is None
-    assert rec["response"] == {"status_code": 200, "request_id": "req-1", "body": OK_BODY}
+    # The record names the attempt's own X-Request-ID (the one sent), not the upstream's.
+    rid = seen[0].headers["X-Request-ID"]
+    assert rid.startswith("req_") and rid != "req-1"
+    assert rec["response"] == {"status_code": 200, "request_id": rid, "body": OK_BODY}
 
 
 def test_a_committed_line_is_never_sent_again(tmp_path: Path) -> None:

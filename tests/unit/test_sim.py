@@ -410,17 +410,32 @@ async def test_batch_header_accounting(client: httpx.AsyncClient) -> None:
     ]
     mid = await wait_stats(client, lambda s: s["batch"]["concurrent"] == 3)
     assert mid["concurrent"] == 3 and mid["live"]["concurrent"] == 0
-    for _ in range(2):  # live traffic is not delayed and is counted separately
-        assert (await client.post(CHAT, json=chat_body())).status_code == 200
-    assert all(r.status_code == 200 for r in await asyncio.gather(*batch))
+    live = [await client.post(CHAT, json=chat_body()) for _ in range(2)]
+    # live traffic is not delayed and is counted separately
+    assert all(r.status_code == 200 for r in live)
+    done = await asyncio.gather(*batch)
+    assert all(r.status_code == 200 for r in done)
+
+    def tokens(answers: list[httpx.Response], kind: str) -> int:
+        return sum(r.json()["usage"][kind] for r in answers)
+
     s = await stats(client)
+    assert tokens(done, "completion_tokens") > 0
     assert s["batch"] == {
         "requests_total": 3,
         "concurrent": 0,
         "peak_concurrent": 3,
+        "prompt_tokens": tokens(done, "prompt_tokens"),
+        "completion_tokens": tokens(done, "completion_tokens"),
         "by_batch": {"batch_a": 2, "batch_b": 1},
     }
-    assert s["live"] == {"requests_total": 2, "concurrent": 0, "peak_concurrent": 1}
+    assert s["live"] == {
+        "requests_total": 2,
+        "concurrent": 0,
+        "peak_concurrent": 1,
+        "prompt_tokens": tokens(live, "prompt_tokens"),
+        "completion_tokens": tokens(live, "completion_tokens"),
+    }
     assert s["requests_total"] == 5 and s["peak_concurrent"] == 4
 
 

@@ -1,0 +1,65 @@
+"""`GET /api/v1/admin/usage`: hourly usage totals from the usage journal (`backfill.usage`).
+
+Platform admins and auditors read every workspace's totals (optionally one workspace's);
+members get 403 `insufficient_role`. Totals are summed from every process's journal files on
+each call, so they include every api and worker process's attempts once those are flushed
+(within `UsageJournal.flush_seconds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+
+from api.admin_batches import AdminReaderDep
+from api.deps import StoreDep
+from api.errors import InvalidRequest
+from api.schemas import COMMON_ERRORS, error_responses
+from backfill.usage import ServiceClass, hourly_totals, read_entries
+
+router = APIRouter(
+    prefix="/api/v1/admin", tags=["admin"], responses=COMMON_ERRORS | error_responses(403)
+)
+
+
+class UsageBucket(BaseModel):
+    """One hour's usage of one workspace x model x service class."""
+
+    hour: int
+    """Start of the hour, Unix seconds (UTC)."""
+    workspace: str
+    model: str
+    service_class: ServiceClass
+    """`batch` (batch line attempts) or `live` (live requests)."""
+    requests: int
+    """Upstream attempts (a line retried after a 429 counts each attempt)."""
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class UsageList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[UsageBucket]
+
+
+@router.get("/usage", response_model=UsageList)
+async def usage_totals(
+    store: StoreDep,
+    identity: AdminReaderDep,
+    workspace: str | None = None,
+    start: Annotated[int | None, Query(alias="from", ge=0)] = None,
+    end: Annotated[int | None, Query(alias="to", ge=0)] = None,
+) -> UsageList:
+    """Totals per hour x workspace x model x service class of the attempts with
+    `from` <= time < `to` (Unix seconds; either may be left out)."""
+    if start is not None and end is not None and end < start:
+        raise InvalidRequest("`to` must not be before `from`.", param="to")
+
+    def totals() -> list[UsageBucket]:
+        rows = hourly_totals(read_entries(store.root, start, end), workspace)
+        return [UsageBucket(**vars(r)) for r in rows]
+
+    return UsageList(data=await asyncio.to_thread(totals))
