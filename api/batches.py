@@ -15,6 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from api import audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
+from api.history_view import QUICK_QUERY, started_input
 from api.progress import add_route_reasons
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
@@ -176,7 +177,7 @@ async def list_page(client: Client, filters: str, *, after: str | None, limit: i
 async def retrieve_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> Batch:
     desc = await _describe(client, identity, batch_id)
     batch = await _load(client, batch_id, desc)
-    if batch.status not in TERMINAL_STATUSES:
+    if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
         await add_route_reasons(client, batch, desc)
     return batch
 
@@ -250,13 +251,20 @@ async def _describe(
 async def _load(
     client: Client, batch_id: str, desc: WorkflowExecutionDescription | None = None
 ) -> Batch:
-    """The Batch object: the result of a completed workflow, else the workflow's own query."""
+    """The Batch object: the result of a completed workflow, else the workflow's own query,
+    else (no worker answers within `QUICK_QUERY`) Temporal's record of it, marked stale."""
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     if desc is None:
         desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         return await handle.result()
-    batch = await handle.query(BatchWorkflow.describe)
+    try:
+        batch = await handle.query(BatchWorkflow.describe, rpc_timeout=QUICK_QUERY)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise
+        log.warning("batch %s from Temporal's record (query unanswered: %s)", batch_id, err)
+        batch = await _recorded(client, desc)
     if desc.status in (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CANCELED):
         # Stopped from outside (Temporal UI / CLI): no files were assembled.
         if batch.status not in TERMINAL_STATUSES:
@@ -269,9 +277,23 @@ async def _load(
     return batch
 
 
+async def _recorded(client: Client, desc: WorkflowExecutionDescription) -> Batch:
+    """The batch as Temporal records it without a worker: the current run's input (the batch
+    as created, or as carried across its last continue-as-new) with the status the workflow
+    last wrote to its search attribute."""
+    inp = await started_input(client, desc.id, BatchInput)
+    batch = inp.state.batch.model_copy(deep=True) if inp.state else BatchWorkflow.initial_batch(inp)
+    status = desc.typed_search_attributes.get(sa.STATUS)
+    if status in get_args(BatchStatus):
+        batch.status = status  # type: ignore[assignment]
+    batch.backfill.stale = True
+    batch.backfill.summary = "Status as last recorded: no worker is answering for this batch"
+    return batch
+
+
 async def _load_or_stub(client: Client, batch_id: str) -> Batch:
-    """For listings: one batch that cannot be read right now (no worker to answer its query)
-    must not fail the whole page; it is listed from its search attributes instead."""
+    """For listings: one batch that cannot be read right now must not fail the whole page; it
+    is listed from its search attributes instead."""
     try:
         return await _load(client, batch_id)
     except Exception as err:
