@@ -8,8 +8,9 @@ completion of `--reply-bytes` bytes after `--latency-ms`; one route whose
 as its own process (bench/activity_worker.py --workflows). A batch of `--lines` lines runs to
 the end while this process samples the worker's resident set (`/proc/PID/status` VmRSS every
 0.1 s) and the simulator's requests in flight; at the end it reads the kernel's high-water mark
-(VmHWM). Printed as JSON on stdout: idle RSS, peak RSS, peak while lines run, RSS per line in
-flight, and the most requests in flight seen at the upstream.
+(VmHWM). Printed as JSON on stdout: idle RSS, peak RSS, (peak - idle) per line in flight, and
+the most requests in flight seen at the upstream. The peak varies from run to run by ±15% (how
+many answers arrive together): compare medians of a few runs.
 """
 
 from __future__ import annotations
@@ -192,8 +193,6 @@ async def run(client: Client, tmp: Path, args: argparse.Namespace) -> dict[str, 
     if batch.status != "completed" or batch.request_counts.completed != args.lines:
         raise RuntimeError(f"batch ended {batch.status} with {batch.request_counts}")
     peak_in_flight = max(s[2] for s in samples)
-    while_running = [s[1] for s in samples if s[2] > 0]
-    peak_running_kb = max(while_running, default=0)
     return {
         "lines": args.lines,
         "cap": args.cap,
@@ -203,7 +202,6 @@ async def run(client: Client, tmp: Path, args: argparse.Namespace) -> dict[str, 
         "upstream_peak_in_flight": peak_in_flight,
         "worker_idle_rss_mb": round(idle_kb / 1024, 1),
         "worker_peak_rss_mb": round(hwm_kb / 1024, 1),
-        "worker_peak_rss_while_lines_run_mb": round(peak_running_kb / 1024, 1),
         "rss_per_line_in_flight_mb": round(
             (hwm_kb - idle_kb) / 1024 / max(1, min(peak_in_flight, args.cap)), 2
         ),
