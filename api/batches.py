@@ -8,6 +8,7 @@ import time
 from typing import Annotated, get_args
 
 from fastapi import APIRouter, Query
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
@@ -22,7 +23,7 @@ from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.config import Settings
 from backfill.ids import new_batch_id
-from workflows.lifecycle import SUMMARY_MEMO
+from workflows.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, SUMMARY_MEMO
 from workflows.messages import BatchInput, PauseRequest
 from workflows.refs import BatchWorkflow
 
@@ -279,12 +280,20 @@ async def _load(
 
 async def _recorded(client: Client, desc: WorkflowExecutionDescription) -> Batch:
     """The batch as Temporal records it without a worker: the current run's input (the batch
-    as created, or as carried across its last continue-as-new) with the status the workflow
-    last wrote to its search attribute."""
+    as created, or as carried across its last continue-as-new), overlaid with the compact status
+    the workflow wrote to its memo at its last status change (status, counts, times), else the
+    status in its search attribute (runs started before the memo was written)."""
     inp = await started_input(client, desc.id, BatchInput)
     batch = inp.state.batch.model_copy(deep=True) if inp.state else BatchWorkflow.initial_batch(inp)
+    memo = await desc.memo_value(STATUS_MEMO, None)
+    if isinstance(memo, dict):
+        known = {k: v for k, v in memo.items() if k in STATUS_MEMO_FIELDS}
+        try:
+            batch = Batch.model_validate({**batch.model_dump(), **known})
+        except ValidationError as err:
+            log.warning("batch %s: unreadable status memo: %s", desc.id, err)
     status = desc.typed_search_attributes.get(sa.STATUS)
-    if status in get_args(BatchStatus):
+    if not isinstance(memo, dict) and status in get_args(BatchStatus):
         batch.status = status  # type: ignore[assignment]
     batch.backfill.stale = True
     batch.backfill.summary = "Status as last recorded: no worker is answering for this batch"

@@ -53,6 +53,9 @@ async def test_retrieve_and_settings_answer_without_a_worker(make_stack: MakeSta
         assert got["input_file_id"] == live["input_file_id"]
         assert got["completion_window"] == "24h" and got["created_at"] == live["created_at"]
         assert got["backfill"]["stale"] is True
+        # From the status memo written when the batch went in_progress.
+        assert got["request_counts"]["total"] == 30
+        assert got["in_progress_at"] == live["in_progress_at"]
 
         started = time.monotonic()
         r = await http.get(settings_url, headers=auth(ADMIN))
