@@ -226,8 +226,13 @@ async def _control(client: Client, identity: Identity, batch_id: str, *, pause: 
         await handle.signal(BatchWorkflow.pause, PauseRequest(by=identity.key_name))
     else:
         await handle.signal(BatchWorkflow.resume)
-    # The signal is in history before we query, so the answer includes it.
-    return await handle.query(BatchWorkflow.describe)
+    # The signal is in history before we query, so a worker's answer includes it. Without a
+    # worker the signal waits in history for one; the stale answer shows it as requested.
+    batch = await _load(client, batch_id)
+    if batch.backfill.stale:
+        batch.backfill.paused = pause
+        batch.backfill.paused_by = identity.key_name if pause else None
+    return batch
 
 
 async def _describe(

@@ -67,6 +67,13 @@ async def test_retrieve_and_settings_answer_without_a_worker(make_stack: MakeSta
         assert doc["status"]["stale"] is True
 
         started = time.monotonic()
+        r = await http.post(f"{stack.api_url}/v1/batches/{batch_id}/pause", headers=auth())
+        took = time.monotonic() - started
+        assert r.status_code == 200, r.text
+        assert took < ANSWER_WITHIN, took
+        assert r.json()["backfill"]["paused"] is True and r.json()["backfill"]["stale"] is True
+
+        started = time.monotonic()
         r = await http.post(f"{stack.api_url}/v1/batches/{batch_id}/cancel", headers=auth())
         took = time.monotonic() - started
         assert r.status_code in (200, 503), r.text
@@ -80,3 +87,5 @@ async def test_retrieve_and_settings_answer_without_a_worker(make_stack: MakeSta
             fetch, lambda b: not b["backfill"]["stale"], timeout=60, what="a live answer"
         )
         assert fresh["status"] in ("in_progress", "cancelling", "cancelled")
+        if fresh["status"] == "in_progress":  # the cancel did not get through: the pause did
+            assert fresh["backfill"]["paused"] is True, fresh
