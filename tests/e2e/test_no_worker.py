@@ -57,6 +57,11 @@ async def test_retrieve_and_settings_answer_without_a_worker(make_stack: MakeSta
         assert got["request_counts"]["total"] == 30
         assert got["in_progress_at"] == live["in_progress_at"]
 
+        r = await http.get(f"{stack.api_url}/v1/batches", headers=auth())
+        assert r.status_code == 200, r.text
+        [listed] = [b for b in r.json()["data"] if b["id"] == batch_id]
+        assert listed["backfill"]["stale"] is True and listed["request_counts"]["total"] == 30
+
         started = time.monotonic()
         r = await http.get(settings_url, headers=auth(ADMIN))
         took = time.monotonic() - started
