@@ -227,8 +227,10 @@ async def _control(client: Client, identity: Identity, batch_id: str, *, pause: 
     else:
         await handle.signal(BatchWorkflow.resume)
     # The signal is in history before we query, so a worker's answer includes it. Without a
-    # worker the signal waits in history for one; the stale answer shows it as requested.
-    batch = await _load(client, batch_id)
+    # worker (no answer just now: not asked again) the signal waits in history for one; the
+    # stale answer shows it as requested.
+    if not batch.backfill.stale:
+        batch = await _load(client, batch_id)
     if batch.backfill.stale:
         batch.backfill.paused = pause
         batch.backfill.paused_by = identity.key_name if pause else None
