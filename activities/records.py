@@ -64,18 +64,21 @@ def error_record_bytes(
     return json.dumps(record, separators=(",", ":")).encode()
 
 
-def response_record_bytes(custom_id: str, status: int, request_id: str, body_json: str) -> bytes:
-    """A response record around a body that is already valid JSON text, spliced in as is (an
-    8 MB answer is not parsed into objects and dumped again to be written)."""
+def response_record_bytes(
+    custom_id: str, status: int, request_id: str, body_json: str | bytes | bytearray
+) -> bytes:
+    """A response record around a body that is already valid JSON (text, or its UTF-8 bytes as
+    they came off the wire), spliced in as is: an 8 MB answer is neither parsed into objects
+    and dumped again nor copied more than once to be written."""
     head = json.dumps(
         {"id": new_record_id(), "custom_id": custom_id}, separators=(",", ":"), ensure_ascii=False
     )
     response_head = json.dumps(
         {"status_code": status, "request_id": request_id}, separators=(",", ":")
     )
-    return (
-        f'{head[:-1]},"response":{response_head[:-1]},"body":{body_json}}},"error":null}}'
-    ).encode()
+    body = body_json.encode() if isinstance(body_json, str) else body_json
+    prefix = f'{head[:-1]},"response":{response_head[:-1]},"body":'.encode()
+    return b"".join((prefix, body, b'},"error":null}'))
 
 
 def outcome_from_record(line_no: int, data: bytes) -> LineOutcome:

@@ -7,6 +7,7 @@ the scheduler's `set_settings` update, so it takes effect at once without restar
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from fastapi import APIRouter, Depends, Request
 from temporalio.client import Client
@@ -17,6 +18,7 @@ from activities.load_metrics import approve_metrics_url, configured_bases
 from activities.server_load import ServerLoadReader
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, InvalidRequest, NotFound
+from api.history_view import QUICK_QUERY, started_input_and_updates
 from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
@@ -28,9 +30,10 @@ from api.schemas import (
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
 from workflows import refs
-from workflows.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
+from workflows.messages import BatchStatusEntry, RouteSettings, SchedulerInput, SchedulerStatus
 from workflows.refs import RouteSchedulerWorkflow
 
+log = logging.getLogger(__name__)
 router = APIRouter(
     prefix="/api/v1/platform", tags=["admin"], responses=COMMON_ERRORS | error_responses(403, 404)
 )
@@ -84,7 +87,7 @@ async def _running_lines(client: Client, route_id: str, status: SchedulerStatus)
     async def running(entry: BatchStatusEntry) -> int:
         handle = client.get_workflow_handle_for(refs.BatchWorkflow.run, entry.batch_id)
         try:
-            batch = await handle.query(refs.BatchWorkflow.describe)
+            batch = await handle.query(refs.BatchWorkflow.describe, rpc_timeout=QUICK_QUERY)
         except Exception:
             return min(entry.allotment, entry.held)
         return sum(r.running_lines for r in batch.backfill.routes if r.route == route_id)
@@ -105,11 +108,14 @@ async def get_batch_scheduling(
     handle = client.get_workflow_handle_for(
         RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
     )
+    stale = False
     try:
-        status = await handle.query(RouteSchedulerWorkflow.status)
+        status = await handle.query(RouteSchedulerWorkflow.status, rpc_timeout=QUICK_QUERY)
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
-            raise
+            log.warning("route %s settings from Temporal's record (%s)", route_id, err)
+            initial = await _recorded_settings(client, route_id)
+            stale = True
         # Never started (no batch yet): the configured defaults, nothing running.
         status = SchedulerStatus(
             route_id=route_id,
@@ -120,7 +126,22 @@ async def get_batch_scheduling(
             queued_lines=0,
             batches=[],
         )
-    return await _document(client, route_id, status, request.app.state.load_reader)
+    doc = await _document(client, route_id, status, request.app.state.load_reader)
+    doc.status.stale = stale
+    return doc
+
+
+async def _recorded_settings(client: Client, route_id: str) -> RouteSettings:
+    """The scheduler's settings without a worker: its current run's input, then each
+    `set_settings` update it accepted since, the last one winning."""
+    inp, updates = await started_input_and_updates(
+        client,
+        scheduler_workflow_id(route_id),
+        SchedulerInput,
+        "set_settings",
+        RouteSettings,
+    )
+    return updates[-1] if updates else inp.settings
 
 
 @router.put(

@@ -8,6 +8,7 @@ import time
 from typing import Annotated, get_args
 
 from fastapi import APIRouter, Query
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
@@ -15,13 +16,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from api import audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
+from api.history_view import QUICK_QUERY, started_input
 from api.progress import add_route_reasons
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.config import Settings
 from backfill.ids import new_batch_id
-from workflows.lifecycle import SUMMARY_MEMO
+from workflows.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, SUMMARY_MEMO
 from workflows.messages import BatchInput, PauseRequest
 from workflows.refs import BatchWorkflow
 
@@ -176,7 +178,7 @@ async def list_page(client: Client, filters: str, *, after: str | None, limit: i
 async def retrieve_batch(batch_id: str, client: ClientDep, identity: IdentityDep) -> Batch:
     desc = await _describe(client, identity, batch_id)
     batch = await _load(client, batch_id, desc)
-    if batch.status not in TERMINAL_STATUSES:
+    if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
         await add_route_reasons(client, batch, desc)
     return batch
 
@@ -224,8 +226,15 @@ async def _control(client: Client, identity: Identity, batch_id: str, *, pause: 
         await handle.signal(BatchWorkflow.pause, PauseRequest(by=identity.key_name))
     else:
         await handle.signal(BatchWorkflow.resume)
-    # The signal is in history before we query, so the answer includes it.
-    return await handle.query(BatchWorkflow.describe)
+    # The signal is in history before we query, so a worker's answer includes it. Without a
+    # worker (no answer just now: not asked again) the signal waits in history for one; the
+    # stale answer shows it as requested.
+    if not batch.backfill.stale:
+        batch = await _load(client, batch_id)
+    if batch.backfill.stale:
+        batch.backfill.paused = pause
+        batch.backfill.paused_by = identity.key_name if pause else None
+    return batch
 
 
 async def _describe(
@@ -250,13 +259,20 @@ async def _describe(
 async def _load(
     client: Client, batch_id: str, desc: WorkflowExecutionDescription | None = None
 ) -> Batch:
-    """The Batch object: the result of a completed workflow, else the workflow's own query."""
+    """The Batch object: the result of a completed workflow, else the workflow's own query,
+    else (no worker answers within `QUICK_QUERY`) Temporal's record of it, marked stale."""
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     if desc is None:
         desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         return await handle.result()
-    batch = await handle.query(BatchWorkflow.describe)
+    try:
+        batch = await handle.query(BatchWorkflow.describe, rpc_timeout=QUICK_QUERY)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise
+        log.warning("batch %s from Temporal's record (query unanswered: %s)", batch_id, err)
+        batch = await _recorded(client, desc)
     if desc.status in (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CANCELED):
         # Stopped from outside (Temporal UI / CLI): no files were assembled.
         if batch.status not in TERMINAL_STATUSES:
@@ -269,9 +285,31 @@ async def _load(
     return batch
 
 
+async def _recorded(client: Client, desc: WorkflowExecutionDescription) -> Batch:
+    """The batch as Temporal records it without a worker: the current run's input (the batch
+    as created, or as carried across its last continue-as-new), overlaid with the compact status
+    the workflow wrote to its memo at its last status change (status, counts, times), else the
+    status in its search attribute (runs started before the memo was written)."""
+    inp = await started_input(client, desc.id, BatchInput)
+    batch = inp.state.batch.model_copy(deep=True) if inp.state else BatchWorkflow.initial_batch(inp)
+    memo = await desc.memo_value(STATUS_MEMO, None)
+    if isinstance(memo, dict):
+        known = {k: v for k, v in memo.items() if k in STATUS_MEMO_FIELDS}
+        try:
+            batch = Batch.model_validate({**batch.model_dump(), **known})
+        except ValidationError as err:
+            log.warning("batch %s: unreadable status memo: %s", desc.id, err)
+    status = desc.typed_search_attributes.get(sa.STATUS)
+    if not isinstance(memo, dict) and status in get_args(BatchStatus):
+        batch.status = status  # type: ignore[assignment]
+    batch.backfill.stale = True
+    batch.backfill.summary = "Status as last recorded: no worker is answering for this batch"
+    return batch
+
+
 async def _load_or_stub(client: Client, batch_id: str) -> Batch:
-    """For listings: one batch that cannot be read right now (no worker to answer its query)
-    must not fail the whole page; it is listed from its search attributes instead."""
+    """For listings: one batch that cannot be read right now must not fail the whole page; it
+    is listed from its search attributes instead."""
     try:
         return await _load(client, batch_id)
     except Exception as err:

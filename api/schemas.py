@@ -248,6 +248,10 @@ class SchedulingStatus(BaseModel):
     server_load: dict[str, Any] | None = None
     """The server load signal's last reading (null while the signal is off)."""
     batches: list[ScheduledBatch]
+    stale: bool = False
+    """True when the scheduler could not answer just now (no worker running): the settings are
+    Temporal's record of them (its input and the updates it accepted), the counts are unknown
+    (zero) and `batches` is empty."""
 
 
 class BatchScheduling(BaseModel):

@@ -121,6 +121,10 @@ class BackfillExtension(_Wire):
     """"Queued — waiting for capacity" when lines are held back and none runs."""
     routes: list[RouteProgress] = Field(default_factory=list)
     workspace: str | None = None
+    stale: bool = False
+    """True when no worker could answer for the batch just now (none running): the object is
+    Temporal's own record of it (status from its search attribute, the rest as created or as of
+    its last continue-as-new), so counts and times may lag behind."""
 
 
 class Batch(_Wire):

@@ -496,6 +496,7 @@ async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Ben
             # A fixed port, so the simulator is an approved upstream (for a server-load gate)
             # before the api and worker start.
             stack.sim = SimServer(workload.sim_config(), port=free_port())
+            stack.route_sims = {route: stack.sim for route in stack.routes}
             stack.extra_env["GATEWAY_LOCAL_UPSTREAMS"] = stack.sim.base_url
             async with stack.running():
                 yield Bench(workload, stack.sim, stack=stack)

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.alarm import Alarm
     from workflows.lanes import Lane, Tries, demand_to_report
     from workflows.lifecycle import (
+        STATUS_MEMO,
         SUMMARY_MEMO,
         check_expiry,
         current_details,
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         next_wakeup,
         show_done,
         show_progress,
+        status_memo,
         transition,
     )
     from workflows.messages import (
@@ -70,6 +72,10 @@ without files, and must replay so (docs/decisions/0008)."""
 ROUTE_WIDE_BACKOFF = "route-wide-backoff"
 """Patch: a rate-limited line also signals the route's scheduler (added after batches were
 running), so every batch on the route backs off."""
+STATUS_MEMO_PATCH = "status-memo"
+"""Patch: each status change also upserts the batch's compact status into its memo
+(`STATUS_MEMO`), so the api can answer a retrieve without a worker. A new command: runs from
+before it must replay without it."""
 
 T = TypeVar("T")
 
@@ -492,6 +498,8 @@ class BatchWorkflow:
     def _set_status_attribute(self) -> None:
         if self._indexed:
             workflow.upsert_search_attributes([sa.STATUS.value_set(self._b.status)])
+            if workflow.patched(STATUS_MEMO_PATCH):
+                workflow.upsert_memo({STATUS_MEMO: status_memo(self._b)})
 
     def _update_summary(self) -> None:
         show_progress(self._b, self._lanes, ending=self._ending)

@@ -6,6 +6,8 @@ No temporalio import: `BatchWorkflow` passes `workflow.now()` in and acts on the
 
 from __future__ import annotations
 
+from typing import Any
+
 from backfill.batches import (
     COMPLETION_WINDOWS,
     BackfillExtension,
@@ -125,6 +127,32 @@ def show_progress(batch: Batch, lanes: list[Lane], *, ending: bool) -> None:
 SUMMARY_MEMO = "summary"
 """Memo key of the batch's one-line summary (the api's `static_summary`): the memo is carried
 over continue-as-new, the start's user metadata is not."""
+
+
+STATUS_MEMO = "status"
+"""Memo key of the batch's compact status (`status_memo`), written at each status change: what
+the api answers from, marked stale, when no worker can answer the batch's query."""
+STATUS_MEMO_FIELDS = frozenset(
+    {
+        "status",
+        "request_counts",
+        "in_progress_at",
+        "expires_at",
+        "finalizing_at",
+        "completed_at",
+        "failed_at",
+        "expired_at",
+        "cancelling_at",
+        "cancelled_at",
+        "output_file_id",
+        "error_file_id",
+    }
+)
+
+
+def status_memo(batch: Batch) -> dict[str, Any]:
+    """The batch's status, counts and times as JSON: small (no metadata, errors or routes)."""
+    return batch.model_dump(mode="json", include=set(STATUS_MEMO_FIELDS))
 
 
 def current_details(batch: Batch, summary: str | None) -> str:

@@ -102,6 +102,9 @@ class SimConfig(BaseModel):
     seed: int = 0
     embedding_dim: int = Field(default=16, ge=1, le=8192)
     stream_token_delay_ms: float = Field(default=0.0, ge=0)  # pause before each streamed event
+    reply_bytes: int = Field(default=0, ge=0, le=64 * 1024 * 1024)
+    """When > 0, each non-streamed completion's text is padded to this many bytes (benches of
+    large responses, e.g. bench/worker_rss.py); 0: the usual short reply."""
     faults: list[SimFault] = Field(default_factory=list)
     api_key: str | None = None
     """When set, inference requests without `Authorization: Bearer <api_key>` get a 401 (as a
@@ -610,8 +613,11 @@ class SimApp:
         if req.stream:
             return await self._stream(req, head, replies, usage, hdrs, receive, send)
         choices = []
+        pad = self.config.reply_bytes
         for i, (words, reason) in enumerate(r for r in replies for _ in range(n)):
             text = " ".join(words)
+            if pad > len(text):
+                text += " " + "x" * (pad - len(text) - 1)
             body: dict[str, Any] = (
                 {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             )

@@ -7,7 +7,7 @@ from typing import get_args
 
 import pytest
 
-from backfill.batches import Batch, BatchStatus
+from backfill.batches import Batch, BatchStatus, RequestCounts
 from workflows.lanes import Lane
 from workflows.lifecycle import (
     KEEPALIVE_SECONDS,
@@ -21,6 +21,7 @@ from workflows.lifecycle import (
     next_wakeup,
     show_done,
     show_progress,
+    status_memo,
     transition,
 )
 from workflows.messages import BatchInput
@@ -214,3 +215,17 @@ def test_current_details_show_summary_status_progress_and_routes() -> None:
         "- r1 (m): paused, 1 running (allotment 2), 4/10",
     ]
     assert current_details(b, None).startswith("**in_progress**")
+
+
+def test_the_status_memo_holds_status_counts_and_times_and_nothing_large() -> None:
+    b = batch(
+        "in_progress",
+        in_progress_at=NOW,
+        request_counts=RequestCounts(total=30, completed=4, failed=1),
+        metadata={f"k{i}": "v" * 512 for i in range(16)},
+    )
+    memo = status_memo(b)
+    assert memo["status"] == "in_progress" and memo["in_progress_at"] == NOW
+    assert memo["request_counts"] == {"total": 30, "completed": 4, "failed": 1}
+    assert "metadata" not in memo and "backfill" not in memo and "errors" not in memo
+    assert Batch.model_validate({**b.model_dump(), **memo}) == b

@@ -543,3 +543,15 @@ async def test_api_key_is_required_when_configured() -> None:
             assert (await c.post(CHAT, json=chat_body(), headers=bad)).status_code == 401
             good = {"Authorization": "Bearer sk-up"}
             assert (await c.post(CHAT, json=chat_body(), headers=good)).status_code == 200
+
+
+async def test_reply_bytes_pads_each_completion_to_that_size() -> None:
+    config = SimConfig(model_names=[], latency_ms=0, reply_bytes=100_000)
+    async with (
+        SimServer(config) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=10) as c,
+    ):
+        chat = (await c.post(CHAT, json=chat_body())).json()
+        assert len(chat["choices"][0]["message"]["content"]) == 100_000
+        text = (await c.post("/v1/completions", json={"model": "m", "prompt": "hi"})).json()
+        assert len(text["choices"][0]["text"]) == 100_000

@@ -217,3 +217,21 @@ def test_any_upstream_answer_ends_in_exactly_one_readable_record(
     assert outcome_from_record(0, data) == out
     assert len(list((tmp / "batches" / BATCH / "results").rglob("*.json"))) == 1
     assert run(acts, line(file_id, final=True)) == out  # a rerun never commits a second record
+
+
+def test_an_answer_is_written_byte_for_byte_as_the_upstream_sent_it(tmp_path: Path) -> None:
+    """The record splices the upstream's bytes in (no parse-and-dump, no re-encoding): spacing,
+    key order, escapes and non-ASCII text stay exactly as they came."""
+    raw = '{ "z": "été \\u00e9 \\n",\n  "a": [1.50, 2e3],  "usage": null }'.encode()
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=raw, headers={"content-type": "application/json"})
+
+    acts, file_id, store = make(tmp_path, handler)
+    out = run(acts, line(file_id))
+    assert out.ok and out.usage is None
+    data = store.get_result(BATCH, 0)
+    assert data is not None
+    assert data.count(raw) == 1 and data.endswith(raw + b'},"error":null}')
+    rec = record(store)
+    assert rec["response"]["body"] == json.loads(raw) and rec["error"] is None

@@ -1,0 +1,52 @@
+"""What Temporal itself knows of a workflow, read without a worker: the input it was started
+with (or continued as) and the updates it accepted since, from the current run's history.
+
+The api asks a workflow first (a query, bounded by `QUICK_QUERY`); a query needs a worker to
+answer, so when none is running the api answers from here instead and marks the answer stale.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+
+QUICK_QUERY = timedelta(seconds=2)
+"""Deadline of a query the api can answer without (a worker answers one in milliseconds)."""
+T = TypeVar("T")
+
+
+async def started_input(client: Client, workflow_id: str, input_type: type[T]) -> T:
+    """The input of the workflow's current run (the first run's, or what it continued as)."""
+    handle = client.get_workflow_handle(workflow_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        return await _decode(client, event, input_type)
+    raise LookupError(f"workflow {workflow_id} has no history")
+
+
+async def _decode(client: Client, event: HistoryEvent, input_type: type[T]) -> T:
+    payloads = event.workflow_execution_started_event_attributes.input.payloads
+    [value] = await client.data_converter.decode(payloads, [input_type])
+    return value  # type: ignore[no-any-return]
+
+
+async def started_input_and_updates(
+    client: Client, workflow_id: str, input_type: type[T], update: str, arg_type: type[Any]
+) -> tuple[T, list[Any]]:
+    """The current run's input and the argument of each `update` it accepted since, in order."""
+    handle = client.get_workflow_handle(workflow_id)
+    first: T | None = None
+    args: list[Any] = []
+    async for event in handle.fetch_history_events():
+        if first is None and event.HasField("workflow_execution_started_event_attributes"):
+            first = await _decode(client, event, input_type)
+        elif event.HasField("workflow_execution_update_accepted_event_attributes"):
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name == update:
+                [arg] = await client.data_converter.decode(request.input.args.payloads, [arg_type])
+                args.append(arg)
+    if first is None:
+        raise LookupError(f"workflow {workflow_id} has no history")
+    return first, args
