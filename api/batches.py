@@ -9,7 +9,12 @@ from typing import Annotated, get_args
 
 from fastapi import APIRouter, Query
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -194,7 +199,14 @@ async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) 
         )
     audit.cross_workspace(identity, "batch.cancel", batch_id, _workspace(desc))
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
-    return await handle.execute_update(BatchWorkflow.cancel_now)
+    try:
+        return await handle.execute_update(BatchWorkflow.cancel_now)
+    except WorkflowUpdateFailedError as err:
+        # The workflow refused (e.g. it ended or changed status meanwhile): say so, not 500.
+        log.warning("cancel of %s refused by the workflow: %s", batch_id, err.cause)
+        raise Conflict(
+            f"The batch could not be cancelled now: {err.cause}", code="invalid_batch_status"
+        ) from None
 
 
 @router.post("/{batch_id}/pause", response_model=Batch, responses=error_responses(403, 404, 409))

@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import sys
@@ -490,7 +491,14 @@ async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Ben
     from bench.common import dev_server
     from tests.e2e.stack import Stack
 
-    with tempfile.TemporaryDirectory(prefix="bench-spare-") as tmp:
+    keep = os.environ.get("BENCH_KEEP_DIR")  # keep the stack's logs for a post-mortem
+    with (
+        contextlib.nullcontext(tempfile.mkdtemp(prefix="bench-spare-"))
+        if keep
+        else tempfile.TemporaryDirectory(prefix="bench-spare-")
+    ) as tmp:
+        if keep:
+            log(f"stack directory kept: {tmp}")
         async with dev_server(Path(tmp)) as server:
             stack = Stack(Path(tmp), server.address, cap=4, sim=workload.sim_config())
             # A fixed port, so the simulator is an approved upstream (for a server-load gate)

@@ -124,9 +124,11 @@ class RouteSchedulerWorkflow:
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
             cancellation_type=ActivityCancellationType.TRY_CANCEL,
         )
-        self._watcher.add_done_callback(lambda _: self._on_watcher_done())
+        self._watcher.add_done_callback(self._on_watcher_done)
 
-    def _on_watcher_done(self) -> None:
+    def _on_watcher_done(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:  # retrieved: logged once here
+            workflow.logger.info("server-load watcher ended: %s", done.exception())
         self._dirty = True  # restarted if still wanted
 
     async def _stop_watcher(self) -> None:
