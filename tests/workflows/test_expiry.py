@@ -8,12 +8,14 @@ for one line held until the test releases it (time does not skip while an activi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -98,26 +100,40 @@ class Harness:
         return LineOutcome(line=line_no, ok=True, status_code=200)
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    env = await WorkflowEnvironment.start_time_skipping(
+async def time_skipping_env() -> WorkflowEnvironment:
+    return await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(test_server_path()),
         data_converter=pydantic_data_converter,
     )
-    h = Harness(env, tmp_path)
-    control = ControlActivities(h.settings, env.client)
+
+
+@contextlib.asynccontextmanager
+async def harness_worker(
+    h: Harness, run_line: Callable[..., Any], workflows: Sequence[type] = ()
+) -> AsyncIterator[Worker]:
+    """A worker on the harness's task queue: the real workflows and activities, with
+    `run_line` in place of the line activity (registered by name)."""
+    control = ControlActivities(h.settings, h.client)
     async with Worker(
-        env.client,
+        h.client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow, SlotHolderWorkflow],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow, *workflows],
         activities=[
             ValidationActivities(h.settings, h.store).validate_input,
-            h.run_line,
+            run_line,
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
         ],
-    ):
+    ) as worker:
+        yield worker
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    env = await time_skipping_env()
+    h = Harness(env, tmp_path)
+    async with harness_worker(h, h.run_line, [SlotHolderWorkflow]):
         try:
             yield h
         finally:

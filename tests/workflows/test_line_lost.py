@@ -15,20 +15,12 @@ import httpx
 import pytest
 import pytest_asyncio
 from temporalio import activity
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
-from activities.control import ControlActivities
-from activities.finalizing import FinalizeActivities
 from activities.lines import LineActivities
-from activities.validation import ValidationActivities
-from backfill.dev.devserver import test_server_path
 from backfill.sim import SimServer
-from tests.workflows.test_expiry import Harness, start_batch
+from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import MAX_LOST_ATTEMPTS, BatchWorkflow
 from workflows.messages import LineInput, LineOutcome
-from workflows.scheduler import RouteSchedulerWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -56,27 +48,12 @@ class Losing:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def losing(tmp_path: Path) -> AsyncIterator[tuple[Harness, Losing, SimServer]]:
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(test_server_path()),
-        data_converter=pydantic_data_converter,
-    )
+    env = await time_skipping_env()
     async with SimServer() as sim:
         h = Harness(env, tmp_path, base_url=sim.base_url)
         async with httpx.AsyncClient() as http:
             lose = Losing(LineActivities(h.settings, h.store, http))
-            control = ControlActivities(h.settings, env.client)
-            async with Worker(
-                env.client,
-                task_queue=h.settings.task_queue,
-                workflows=[BatchWorkflow, RouteSchedulerWorkflow],
-                activities=[
-                    ValidationActivities(h.settings, h.store).validate_input,
-                    lose.run_line,
-                    FinalizeActivities(h.store).finalize_batch,
-                    control.report_demand,
-                    control.find_closed_batches,
-                ],
-            ):
+            async with harness_worker(h, lose.run_line):
                 yield h, lose, sim
     await env.shutdown()
 

@@ -17,20 +17,13 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
-from activities.control import ControlActivities
-from activities.finalizing import FinalizeActivities
-from activities.validation import ValidationActivities
-from backfill.dev.devserver import test_server_path
 from backfill.ids import scheduler_workflow_id
-from tests.workflows.test_expiry import Harness, start_batch
+from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows import refs
 from workflows.batch import BatchWorkflow
 from workflows.messages import LineInput, LineOutcome, RouteSettings, SchedulerInput
-from workflows.scheduler import RouteSchedulerWorkflow
 from workflows.windows import TimeWindow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -63,24 +56,9 @@ class SlowLines(Harness):
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def slow(tmp_path: Path) -> AsyncIterator[SlowLines]:
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(test_server_path()),
-        data_converter=pydantic_data_converter,
-    )
+    env = await time_skipping_env()
     h = SlowLines(env, tmp_path)
-    control = ControlActivities(h.settings, env.client)
-    async with Worker(
-        env.client,
-        task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
-        activities=[
-            ValidationActivities(h.settings, h.store).validate_input,
-            h.run_line,
-            FinalizeActivities(h.store).finalize_batch,
-            control.report_demand,
-            control.find_closed_batches,
-        ],
-    ):
+    async with harness_worker(h, h.run_line):
         yield h
     await env.shutdown()
 
