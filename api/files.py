@@ -140,14 +140,7 @@ async def list_files(
     workspace = None if identity.can_see(None) else identity.workspace
     stored = await asyncio.to_thread(store.list_files, workspace)
     files = [f for f in stored if purpose is None or f.purpose == purpose]
-    return file_page(files, after=after, limit=limit, newest_first=order == "desc")
-
-
-def file_page(
-    files: list[StoredFile], *, after: str | None, limit: int, newest_first: bool = True
-) -> FileList:
-    """One page of `files` ordered by (created_at, id), starting after the file `after`."""
-    files = sorted(files, key=lambda f: (f.created_at, f.id), reverse=newest_first)
+    files.sort(key=lambda f: (f.created_at, f.id), reverse=order == "desc")
     if after is not None:
         ids = [f.id for f in files]
         if after not in ids:
