@@ -46,7 +46,7 @@ def _route_or_404(settings: Settings, route_id: str) -> RouteSettings:
     return RouteSettings(max_concurrent_lines=route.max_concurrent_lines)
 
 
-def _require_admin(identity: Identity, *, write: bool) -> None:
+def require_admin(identity: Identity, *, write: bool) -> None:
     allowed = ("platform_admin",) if write else ("platform_admin", "auditor")
     if identity.role not in allowed:
         raise Forbidden("This needs a platform admin key.", code="insufficient_role")
@@ -54,7 +54,7 @@ def _require_admin(identity: Identity, *, write: bool) -> None:
 
 def _admin_writer(identity: IdentityDep) -> None:
     """A dependency, so the role is checked before the body."""
-    _require_admin(identity, write=True)
+    require_admin(identity, write=True)
 
 
 async def _document(
@@ -103,7 +103,7 @@ async def get_batch_scheduling(
     client: ClientDep,
     identity: IdentityDep,
 ) -> BatchScheduling:
-    _require_admin(identity, write=False)
+    require_admin(identity, write=False)
     initial = _route_or_404(settings, route_id)
     handle = client.get_workflow_handle_for(
         RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)

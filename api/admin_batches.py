@@ -51,6 +51,19 @@ async def list_all_batches(
 ) -> BatchList:
     """Every workspace's batches, newest first, filtered by workspace, status, model and
     creation time (`created_after` <= created_at < `created_before`, Unix seconds)."""
+    filters = batch_filters(workspace, status, model, created_after, created_before)
+    return await batches.list_page(client, filters, after=after, limit=limit)
+
+
+def batch_filters(
+    workspace: str | None = None,
+    status: str | None = None,
+    model: str | None = None,
+    created_after: int | None = None,
+    created_before: int | None = None,
+) -> str:
+    """The visibility query for these filters ("" for none); 400 `param: status` for an unknown
+    status. Shared by this listing and the console's (which pins a member to its workspace)."""
     filters = []
     if workspace is not None:
         filters.append(f"{sa.WORKSPACE.name} = '{batches.quote(workspace)}'")
@@ -64,7 +77,7 @@ async def list_all_batches(
         filters.append(f"{sa.CREATED_AT.name} >= {created_after}")
     if created_before is not None:
         filters.append(f"{sa.CREATED_AT.name} < {created_before}")
-    return await batches.list_page(client, " AND ".join(filters), after=after, limit=limit)
+    return " AND ".join(filters)
 
 
 @router.get("/batches/{batch_id}", response_model=Batch, responses=error_responses(404))

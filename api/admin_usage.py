@@ -18,6 +18,7 @@ from api.admin_batches import AdminReaderDep
 from api.deps import StoreDep
 from api.errors import InvalidRequest
 from api.schemas import COMMON_ERRORS, error_responses
+from backfill.store import FileStore
 from backfill.usage import ServiceClass, hourly_totals, read_entries
 
 router = APIRouter(
@@ -58,8 +59,12 @@ async def usage_totals(
     if start is not None and end is not None and end < start:
         raise InvalidRequest("`to` must not be before `from`.", param="to")
 
-    def totals() -> list[UsageBucket]:
-        rows = hourly_totals(read_entries(store.root, start, end), workspace)
-        return [UsageBucket(**vars(r)) for r in rows]
+    return UsageList(data=await asyncio.to_thread(usage_buckets, store, workspace, start, end))
 
-    return UsageList(data=await asyncio.to_thread(totals))
+
+def usage_buckets(
+    store: FileStore, workspace: str | None, start: int | None, end: int | None
+) -> list[UsageBucket]:
+    """The journal's hourly totals (blocking: it reads the files). Shared with the console."""
+    rows = hourly_totals(read_entries(store.root, start, end), workspace)
+    return [UsageBucket(**vars(r)) for r in rows]

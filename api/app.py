@@ -14,7 +14,7 @@ from temporalio.client import Client
 
 from activities.load_metrics import configured_bases
 from activities.server_load import ServerLoadReader
-from api import admin, admin_batches, admin_usage, batches, errors, files, health, proxy
+from api import admin, admin_batches, admin_usage, batches, console, errors, files, health, proxy
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
@@ -80,6 +80,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(admin_batches.router)
     app.include_router(admin_usage.router)
+    console.install(app)  # /console: the web console (not in the OpenAPI schema)
     return app
 
 

@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from temporalio.client import Client
 
 from api.errors import Forbidden, Unauthorized
-from backfill.config import Role, Settings
+from backfill.config import ApiKeyConfig, Role, Settings
 from backfill.store import FileStore
 
 
@@ -75,6 +75,11 @@ def get_identity(
     key = settings.key_for(token.strip())
     if key is None:
         raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    return identity_of(key)
+
+
+def identity_of(key: ApiKeyConfig) -> Identity:
+    """What a configured key maps to (for a Bearer header, or the console's sign-in)."""
     return Identity(
         workspace=key.workspace,
         role=key.role,

@@ -1,0 +1,19 @@
+"""The web console under `/console` (docs/console.md): server-rendered pages over the JSON API's
+own functions, signed in with an API key, with static files served from this package."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from api.console import batch_pages, route_pages, signin, usage_page
+from api.console.web import STATIC_DIR, ConsoleState, router
+
+__all__ = ["install", "batch_pages", "route_pages", "signin", "usage_page"]
+
+
+def install(app: FastAPI) -> None:
+    """Serve the console's pages and static files on `app`."""
+    app.state.console = ConsoleState()
+    app.include_router(router)
+    app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")

@@ -1,0 +1,138 @@
+"""Batches: the list (filters, paging), one batch's page with its controls, and downloads.
+
+Every read and change goes through the JSON API's functions with the session's identity, so
+visibility (a member sees its workspace, an admin or auditor every one), the auditor's read-only
+role and the content rule are the API's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Literal, get_args
+
+from fastapi import Query, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from api import batches, files
+from api.admin_batches import batch_filters
+from api.console.web import SessionDep, checked_form, render, router
+from api.deps import ClientDep, SettingsDep, StoreDep
+from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
+
+STATUSES: tuple[str, ...] = get_args(BatchStatus)
+CONTROLLABLE = ("validating", "in_progress")
+"""Statuses in which pause and resume are accepted (cancel: any status not terminal)."""
+
+
+def why_it_waits(batch: Batch) -> list[str]:
+    """Plain-text reasons a batch's lines are not running (empty when nothing waits)."""
+    ext = batch.backfill
+    if batch.status in TERMINAL_STATUSES:
+        return []
+    out = []
+    if ext.paused:
+        out.append(f"Paused by {ext.paused_by or 'operator'}")
+    elif ext.summary:
+        out.append(ext.summary)
+    for r in ext.routes:
+        if r.reason:
+            place = f" (place {r.queue_position} in the queue)" if r.queue_position else ""
+            out.append(f"{r.route}: {r.reason}{place}")
+    return out
+
+
+def actions(batch: Batch, role: str) -> list[str]:
+    """The controls this role may use on this batch now (the server checks again)."""
+    if role == "auditor" or batch.status in TERMINAL_STATUSES:
+        return []
+    out = []
+    if batch.status in CONTROLLABLE:
+        out.append("resume" if batch.backfill.paused else "pause")
+    if batch.status != "cancelling":
+        out.append("cancel")
+    return out
+
+
+async def _with_reasons(client: ClientDep, session: SessionDep, batch: Batch) -> Batch:
+    """The batch as `GET /v1/batches/{id}` serves it (with why its lines wait), for rows still
+    running; the listed object when it cannot be read again."""
+    if batch.status in TERMINAL_STATUSES:
+        return batch
+    try:
+        return await batches.retrieve_batch(batch.id, client, session.identity)
+    except Exception:
+        return batch
+
+
+@router.get("/batches", response_model=None)
+async def batches_page(
+    request: Request,
+    session: SessionDep,
+    client: ClientDep,
+    settings: SettingsDep,
+    status: str = "",
+    model: str = "",
+    workspace: str = "",
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> Response:
+    identity = session.identity
+    # A member sees its own workspace only, whatever the query says.
+    ws = (workspace or None) if identity.can_see(None) else identity.workspace
+    filters = batch_filters(ws, status or None, model or None)
+    page = await batches.list_page(client, filters, after=after, limit=limit)
+    rows = await asyncio.gather(*(_with_reasons(client, session, b) for b in page.data))
+    return render(
+        request,
+        "batches.html",
+        session,
+        rows=rows,
+        has_more=page.has_more,
+        next_after=page.last_id,
+        first_page=after is None,
+        filters={"status": status, "model": model, "workspace": ws or "", "limit": limit},
+        statuses=STATUSES,
+        models=[m.id for m in settings.models],
+        now=time.time(),
+        why_it_waits=why_it_waits,
+    )
+
+
+@router.get("/batches/{batch_id}", response_model=None)
+async def batch_page(
+    request: Request, batch_id: str, session: SessionDep, client: ClientDep
+) -> Response:
+    batch = await batches.retrieve_batch(batch_id, client, session.identity)
+    return render(
+        request,
+        "batch.html",
+        session,
+        batch=batch,
+        now=time.time(),
+        actions=actions(batch, session.identity.role),
+        why=why_it_waits(batch),
+    )
+
+
+Action = Literal["pause", "resume", "cancel"]
+
+
+@router.post("/batches/{batch_id}/{action}", response_model=None)
+async def control_batch(
+    request: Request, batch_id: str, action: Action, session: SessionDep, client: ClientDep
+) -> Response:
+    await checked_form(request, session)
+    control = {
+        "pause": batches.pause_batch,
+        "resume": batches.resume_batch,
+        "cancel": batches.cancel_batch,
+    }[action]
+    await control(batch_id, client, session.identity)
+    return RedirectResponse(f"/console/batches/{batch_id}?done={action}", status_code=303)
+
+
+@router.get("/files/{file_id}/content", response_model=None)
+async def download(file_id: str, session: SessionDep, store: StoreDep) -> FileResponse:
+    """A file's bytes through the session (the same checks as `GET /v1/files/{id}/content`)."""
+    return await files.file_content(file_id, store, session.identity)

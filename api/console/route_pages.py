@@ -1,0 +1,168 @@
+"""Routes: each route's "Batch scheduling" (status, chart, settings), and the settings' Edit form.
+
+Reads are `GET /api/v1/platform/deployments/{id}/batch-scheduling`'s function (403 for members),
+saving is the PUT's (platform admins only): the form becomes the same `RouteSettings` document
+the JSON API validates, and the errors of that validation are shown next to their fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import RedirectResponse, Response
+from pydantic import ValidationError
+from starlette.datastructures import FormData
+
+from api import admin
+from api.console.charts import route_chart
+from api.console.samples import RouteSample
+from api.console.web import SessionDep, checked_form, render, router, state
+from api.deps import ClientDep, SettingsDep
+from api.errors import InvalidRequest
+from api.schemas import BatchScheduling, SchedulingSettings
+from workflows.messages import RouteSettings
+from workflows.windows import DAYS
+
+LOAD_LIMITS = ("max_waiting", "max_running", "max_kv_cache_percent")
+
+
+def form_values(s: SchedulingSettings) -> dict[str, Any]:
+    """The Edit form's fields (named by their path in the settings document) for `s`."""
+    load, window = s.server_load, s.time_window
+    values: dict[str, Any] = {
+        "max_concurrent_lines": str(s.max_concurrent_lines),
+        "yield_to_live_traffic.pause_at_in_flight": (
+            str(s.yield_to_live_traffic.pause_at_in_flight) if s.yield_to_live_traffic else ""
+        ),
+        "server_load.metrics_url": load.metrics_url if load else "",
+        "time_window.time_zone": window.time_zone if window else "",
+        "time_window.days": list(window.days) if window else [],
+        "time_window.from": window.from_ if window else "",
+        "time_window.until": window.until if window else "",
+        "priority_hint": str(s.priority_hint) if s.priority_hint is not None else "",
+    }
+    for name in LOAD_LIMITS:
+        v = getattr(load, name) if load else None
+        values[f"server_load.{name}"] = "" if v is None else str(v)
+    return values
+
+
+def posted_values(form: FormData) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        k: str(v).strip() for k, v in form.multi_items() if k not in ("csrf_token",)
+    }
+    values["time_window.days"] = [str(d) for d in form.getlist("time_window.days")]
+    return values
+
+
+def settings_document(v: dict[str, Any]) -> dict[str, Any]:
+    """The PUT body the form stands for: a gate whose fields are all blank is off (null)."""
+    doc: dict[str, Any] = {"max_concurrent_lines": v.get("max_concurrent_lines", "")}
+    live = v.get("yield_to_live_traffic.pause_at_in_flight", "")
+    doc["yield_to_live_traffic"] = {"pause_at_in_flight": live} if live else None
+    load = {k: v.get(f"server_load.{k}", "") for k in ("metrics_url", *LOAD_LIMITS)}
+    doc["server_load"] = {k: x for k, x in load.items() if x} or None
+    if doc["server_load"] is not None:
+        doc["server_load"].setdefault("metrics_url", "")
+    window = {k: v.get(f"time_window.{k}", "") for k in ("time_zone", "from", "until")}
+    days = v.get("time_window.days") or []
+    doc["time_window"] = {**window, "days": days} if any(window.values()) or days else None
+    hint = v.get("priority_hint", "")
+    doc["priority_hint"] = hint or None
+    return doc
+
+
+def field_errors(err: ValidationError) -> dict[str, str]:
+    """Validation errors by the form field (or fieldset) they belong to."""
+    out: dict[str, str] = {}
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "settings"
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        out.setdefault(where, msg)
+    return out
+
+
+async def _scheduling(
+    request: Request, route_id: str, session: SessionDep, client: ClientDep, settings: SettingsDep
+) -> BatchScheduling:
+    doc = await admin.get_batch_scheduling(route_id, request, settings, client, session.identity)
+    samples, now = state(request).samples, time.time()
+    if samples.due(route_id, now) and not doc.status.stale:
+        s = doc.status
+        samples.add(route_id, RouteSample(now, s.running_lines, s.limit, s.live_in_flight))
+    return doc
+
+
+@router.get("/routes", response_model=None)
+async def routes_page(
+    request: Request, session: SessionDep, client: ClientDep, settings: SettingsDep
+) -> Response:
+    admin.require_admin(session.identity, write=False)
+    ids = [(m.id, r.id) for m in settings.models for r in m.routes]
+    docs = await asyncio.gather(
+        *(_scheduling(request, rid, session, client, settings) for _, rid in ids)
+    )
+    rows = [(model, doc) for (model, _), doc in zip(ids, docs, strict=True)]
+    return render(request, "routes.html", session, rows=rows)
+
+
+async def _route_page(
+    request: Request,
+    route_id: str,
+    session: SessionDep,
+    client: ClientDep,
+    settings: SettingsDep,
+    *,
+    values: dict[str, Any] | None = None,
+    errors: dict[str, str] | None = None,
+    status_code: int = 200,
+) -> Response:
+    admin.require_admin(session.identity, write=False)
+    doc = await _scheduling(request, route_id, session, client, settings)
+    now = time.time()
+    route = settings.route(route_id)
+    return render(
+        request,
+        "route.html",
+        session,
+        status_code,
+        doc=doc,
+        route=route,
+        chart=route_chart(state(request).samples.recent(route_id, now), now),
+        values=values if values is not None else form_values(doc.settings),
+        errors=errors or {},
+        days=DAYS,
+        can_edit=session.identity.role == "platform_admin",
+        saved=request.query_params.get("saved") == "1",
+    )
+
+
+@router.get("/routes/{route_id}", response_model=None)
+async def route_page(
+    request: Request, route_id: str, session: SessionDep, client: ClientDep, settings: SettingsDep
+) -> Response:
+    return await _route_page(request, route_id, session, client, settings)
+
+
+@router.post("/routes/{route_id}/settings", response_model=None)
+async def edit_route(
+    request: Request, route_id: str, session: SessionDep, client: ClientDep, settings: SettingsDep
+) -> Response:
+    admin.require_admin(session.identity, write=True)
+    form = await checked_form(request, session)
+    values = posted_values(form)
+    try:
+        new = RouteSettings.model_validate(settings_document(values))
+        await admin.put_batch_scheduling(route_id, new, request, settings, client)
+    except ValidationError as err:
+        errors = field_errors(err)
+    except InvalidRequest as err:
+        errors = {err.param or "settings": err.message}
+    else:
+        return RedirectResponse(f"/console/routes/{route_id}?saved=1", status_code=303)
+    return await _route_page(
+        request, route_id, session, client, settings, values=values, errors=errors, status_code=400
+    )
