@@ -28,6 +28,8 @@ class LineChart:
     lines: list[Line]
     y_max: int
     samples: int
+    span_seconds: int
+    """What the x axis spans, ending now."""
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT
@@ -47,24 +49,32 @@ def _nice_max(value: float) -> int:
     return int(10 * step)
 
 
+MIN_SPAN_SECONDS = 60
+"""The x axis spans the samples kept (at least this long, at most `WINDOW_SECONDS`), so a page
+opened a moment ago already shows a readable line."""
+
+
 def route_chart(samples: Sequence[RouteSample], now: float) -> LineChart:
     """Running batch lines, the limit and live requests in flight over the last 15 minutes."""
     peak = max((max(s.running, s.limit, s.live) for s in samples), default=1)
     y_max = _nice_max(peak * 1.1)
     plot_w = WIDTH - LEFT - RIGHT
     plot_h = HEIGHT - TOP - BOTTOM
+    oldest = min((s.at for s in samples), default=now)
+    span = min(max(now - oldest, MIN_SPAN_SECONDS), WINDOW_SECONDS)
 
     def xy(s: RouteSample, value: int) -> str:
-        x = LEFT + plot_w * (1 - min(max(now - s.at, 0), WINDOW_SECONDS) / WINDOW_SECONDS)
+        x = LEFT + plot_w * (1 - min(max(now - s.at, 0), span) / span)
         y = TOP + plot_h * (1 - value / y_max)
         return f"{x:.1f},{y:.1f}"
 
     lines = []
-    for name in ("limit", "running", "live"):
+    # The dashed limit last, so it shows on top of a running line at the same height.
+    for name in ("running", "live", "limit"):
         values = [(s, getattr(s, name)) for s in samples]
         points = " ".join(xy(s, v) for s, v in values)
         lines.append(Line(name=name, points=points, last=values[-1][1] if values else None))
-    return LineChart(lines=lines, y_max=y_max, samples=len(samples))
+    return LineChart(lines=lines, y_max=y_max, samples=len(samples), span_seconds=int(span))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""The console's pure parts: sessions, the form <-> settings document mapping, the charts."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from starlette.datastructures import FormData
+
+from api.admin_usage import UsageBucket
+from api.console.charts import bar_chart, route_chart
+from api.console.route_pages import field_errors, form_values, posted_values, settings_document
+from api.console.samples import MIN_SPACING_SECONDS, WINDOW_SECONDS, RouteSample, RouteSamples
+from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionTable
+from api.console.usage_page import daily_rows
+from api.deps import Identity
+from api.schemas import SchedulingSettings
+from workflows.messages import RouteSettings
+
+ALICE = Identity(workspace="alice", role="member", key_name="alice")
+
+
+def test_sessions_expire_when_idle_or_old_and_sign_out_ends_them() -> None:
+    table = SessionTable()
+    s = table.create(ALICE, now=0)
+    assert len(s.id) >= 40 and s.csrf_token != s.id
+    assert table.get(s.id, now=IDLE_SECONDS - 1) is s  # use restarts the idle clock
+    assert table.get(s.id, now=2 * IDLE_SECONDS - 2) is s
+    assert table.get(s.id, now=MAX_AGE_SECONDS + 1) is None  # too old, however used
+    idle = table.create(ALICE, now=0)
+    assert table.get(idle.id, now=IDLE_SECONDS + 1) is None
+    out = table.create(ALICE, now=0)
+    table.drop(out.id)
+    assert table.get(out.id, now=1) is None
+    assert table.get(None, now=1) is None and table.get("forged", now=1) is None
+
+
+def test_csrf_tokens_compare_exactly_and_the_table_is_bounded() -> None:
+    table = SessionTable(limit=2)
+    first = table.create(ALICE, now=0)
+    assert first.csrf_ok(first.csrf_token)
+    assert not first.csrf_ok(None) and not first.csrf_ok("") and not first.csrf_ok("x")
+    table.create(ALICE, now=1)
+    table.create(ALICE, now=2)
+    assert len(table.sessions) == 2 and table.get(first.id, now=3) is None
+
+
+def form(pairs: list[tuple[str, str]]) -> FormData:
+    return FormData([("csrf_token", "t"), *pairs])
+
+
+def test_a_blank_gate_is_off_and_the_document_validates_like_the_api() -> None:
+    values = posted_values(form([("max_concurrent_lines", "8"), ("priority_hint", "")]))
+    doc = settings_document(values)
+    assert RouteSettings.model_validate(doc) == RouteSettings(max_concurrent_lines=8)
+    full = posted_values(
+        form(
+            [
+                ("max_concurrent_lines", "4"),
+                ("yield_to_live_traffic.pause_at_in_flight", "2"),
+                ("server_load.metrics_url", "http://h:8100/metrics"),
+                ("server_load.max_waiting", "0"),
+                ("time_window.time_zone", "Europe/Berlin"),
+                ("time_window.days", "mon"),
+                ("time_window.days", "fri"),
+                ("time_window.from", "19:00"),
+                ("time_window.until", "07:00"),
+                ("priority_hint", "10"),
+            ]
+        )
+    )
+    parsed = RouteSettings.model_validate(settings_document(full))
+    assert parsed.server_load is not None and parsed.server_load.max_waiting == 0
+    assert parsed.time_window is not None and parsed.time_window.days == ["mon", "fri"]
+    # And back: the form shows what was saved.
+    shown = form_values(SchedulingSettings.model_validate(parsed.model_dump()))
+    assert {k: v for k, v in shown.items() if v} == {
+        k: v for k, v in full.items() if v and k != "server_load.max_waiting"
+    } | {"server_load.max_waiting": "0"}
+
+
+@pytest.mark.parametrize(
+    ("pairs", "field"),
+    [
+        ([("max_concurrent_lines", "500")], "max_concurrent_lines"),
+        ([("max_concurrent_lines", "many")], "max_concurrent_lines"),
+        ([("max_concurrent_lines", "2"), ("priority_hint", "0")], "priority_hint"),
+        ([("max_concurrent_lines", "2"), ("time_window.from", "25:00")], "time_window.from"),
+        (
+            [("max_concurrent_lines", "2"), ("server_load.metrics_url", "http://h/metrics")],
+            "server_load",
+        ),
+        (
+            [("max_concurrent_lines", "2"), ("server_load.max_waiting", "1")],
+            "server_load.metrics_url",
+        ),
+    ],
+)
+def test_validation_errors_name_their_form_field(pairs: list[tuple[str, str]], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        RouteSettings.model_validate(settings_document(posted_values(form(pairs))))
+    assert field in field_errors(err.value)
+
+
+def test_samples_are_spaced_and_kept_for_fifteen_minutes() -> None:
+    samples = RouteSamples()
+    assert samples.due("r", now=100)
+    samples.add("r", RouteSample(100, 1, 4, 0))
+    assert not samples.due("r", now=100 + MIN_SPACING_SECONDS / 2)
+    assert samples.due("r", now=100 + MIN_SPACING_SECONDS)
+    samples.add("r", RouteSample(200, 2, 4, 1))
+    assert [s.at for s in samples.recent("r", now=150)] == [100, 200]
+    assert [s.at for s in samples.recent("r", now=100 + WINDOW_SECONDS + 1)] == [200]
+    assert samples.recent("other", now=0) == []
+
+
+def test_route_chart_scales_to_the_peak_and_ends_at_now() -> None:
+    chart = route_chart([RouteSample(0, 2, 8, 1), RouteSample(60, 8, 8, 3)], now=60)
+    assert chart.y_max == 10 and chart.span_seconds == 60
+    by_name = {line.name: line for line in chart.lines}
+    assert by_name["running"].last == 8 and by_name["live"].last == 3
+    first, last = by_name["running"].points.split()
+    assert float(first.split(",")[0]) == chart.left and float(last.split(",")[0]) == chart.right_x
+    assert route_chart([], now=0).lines[0].points == ""
+
+
+def test_bar_chart_heights_are_proportional() -> None:
+    chart = bar_chart([("a", {"batch": 50, "live": 100}), ("b", {})], ["batch", "live"])
+    heights = {(b.group, b.series): b.h for b in chart.bars}
+    assert chart.y_max == 100
+    assert heights[("a", "batch")] * 2 == pytest.approx(heights[("a", "live")])
+    assert heights[("b", "batch")] == heights[("b", "live")] == 0
+
+
+def test_usage_rows_sum_models_per_day() -> None:
+    day = 86400 * 20000
+    buckets = [
+        UsageBucket(
+            hour=day + h * 3600,
+            workspace="w",
+            model=m,
+            service_class="batch",
+            requests=1,
+            prompt_tokens=2,
+            completion_tokens=3,
+        )
+        for h in (0, 5)
+        for m in ("a", "b")
+    ]
+    (row,) = daily_rows(buckets)
+    assert (row.requests, row.total_tokens) == (4, 20)
