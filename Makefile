@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test fmt lint clean promtool
+.PHONY: venv run test fmt lint clean promtool chromium
 
 venv: $(STAMP)
 
@@ -37,9 +37,21 @@ promtool:
 	fi; \
 	command -v promtool >/dev/null 2>&1 || { echo "promtool still missing after installing prometheus" >&2; exit 1; }
 
+# Debian's Chromium runs the console's browser tests (tests/browser, Playwright with
+# executable_path; never `playwright install`). Installed when missing, like promtool.
+chromium:
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "chromium missing: installing Debian's chromium package"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; \
+	else \
+		echo "chromium is missing. Install it with: sudo apt-get install -y chromium" >&2; exit 1; \
+	fi; \
+	[ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
+
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
 # A run that collected no test fails (pytest exits 5): a green run must have tested something.
-test: lint promtool
+test: lint promtool chromium
 	$(BIN)/pytest -q
 
 fmt: venv
