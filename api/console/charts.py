@@ -14,6 +14,18 @@ LEFT, RIGHT, TOP, BOTTOM = 44, 8, 10, 24
 
 
 @dataclass(frozen=True)
+class Frame:
+    """The plot area both charts draw their axes in (SVG user units)."""
+
+    width: int = WIDTH
+    height: int = HEIGHT
+    left: int = LEFT
+    top: int = TOP
+    bottom_y: int = HEIGHT - BOTTOM
+    right_x: int = WIDTH - RIGHT
+
+
+@dataclass(frozen=True)
 class Line:
     name: str
     """`running`, `limit` or `live`: also its CSS class and legend entry."""
@@ -23,19 +35,13 @@ class Line:
     """The newest value, for the legend (text, not colour alone)."""
 
 
-@dataclass(frozen=True)
-class LineChart:
+@dataclass(frozen=True, kw_only=True)
+class LineChart(Frame):
     lines: list[Line]
     y_max: int
     samples: int
     span_seconds: int
     """What the x axis spans, ending now."""
-    width: int = WIDTH
-    height: int = HEIGHT
-    left: int = LEFT
-    top: int = TOP
-    bottom_y: int = HEIGHT - BOTTOM
-    right_x: int = WIDTH - RIGHT
 
 
 def _nice_max(value: float) -> int:
@@ -88,19 +94,13 @@ class Bar:
     value: int
 
 
-@dataclass(frozen=True)
-class BarChart:
+@dataclass(frozen=True, kw_only=True)
+class BarChart(Frame):
     bars: list[Bar]
     labels: list[tuple[float, str]]
     """(x centre, text) under each group."""
     y_max: int
     series: list[str]
-    width: int = WIDTH
-    height: int = HEIGHT
-    left: int = LEFT
-    top: int = TOP
-    bottom_y: int = HEIGHT - BOTTOM
-    right_x: int = WIDTH - RIGHT
 
 
 def bar_chart(groups: Sequence[tuple[str, dict[str, int]]], series: Sequence[str]) -> BarChart:
