@@ -6,7 +6,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+# Importing the page modules registers their routes on `router`.
 from api.console import batch_pages, route_pages, signin, usage_page
+from api.console.fallback import no_such_page
 from api.console.web import STATIC_DIR, ConsoleState, router
 
 __all__ = ["install", "batch_pages", "route_pages", "signin", "usage_page"]
@@ -15,5 +17,9 @@ __all__ = ["install", "batch_pages", "route_pages", "signin", "usage_page"]
 def install(app: FastAPI) -> None:
     """Serve the console's pages and static files on `app`."""
     app.state.console = ConsoleState()
-    app.include_router(router)
+    # The static files and every page before the catch-all 404 page, which would shadow them.
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+    app.include_router(router)
+    app.add_api_route(
+        "/console/{rest:path}", no_such_page, methods=["GET"], include_in_schema=False
+    )

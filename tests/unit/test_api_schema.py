@@ -338,3 +338,7 @@ def test_a_batch_summary_fits_temporals_400_bytes_whatever_the_file_name() -> No
         assert summary.startswith("/v1/chat/completions batch of ")
         assert summary.endswith(f"(workspace-{'w' * 50})")
     assert batch_summary("/v1/embeddings", "a.jsonl", "w") == "/v1/embeddings batch of a.jsonl (w)"
+
+
+def test_the_web_console_is_not_in_the_schema(spec: dict[str, Any]) -> None:
+    assert not [p for p in spec["paths"] if p.startswith("/console")]

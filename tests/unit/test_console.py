@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
 from api.admin_usage import UsageBucket
+from api.app import create_app
 from api.console.charts import bar_chart, route_chart
 from api.console.route_pages import field_errors, form_values, posted_values, settings_document
 from api.console.samples import MIN_SPACING_SECONDS, WINDOW_SECONDS, RouteSample, RouteSamples
@@ -14,6 +20,7 @@ from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionTable
 from api.console.usage_page import daily_rows
 from api.deps import Identity
 from api.schemas import SchedulingSettings
+from backfill.config import ApiKeyConfig, Settings, hash_key
 from workflows.messages import RouteSettings
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
@@ -148,3 +155,61 @@ def test_usage_rows_sum_models_per_day() -> None:
     ]
     (row,) = daily_rows(buckets)
     assert (row.requests, row.total_tokens) == (4, 20)
+
+
+# ---- sign-in and CSRF without Temporal (FastAPI's in-process client) ---------------------------
+
+
+@pytest.fixture
+def http(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(
+        data_dir=tmp_path,
+        api_keys=[ApiKeyConfig(sha256=hash_key(KEY), workspace="unit", name="unit-key")],
+    )
+    app = create_app(settings, client=object())  # type: ignore[arg-type]
+    with TestClient(app, follow_redirects=False) as c:
+        yield c
+
+
+KEY = "sk-unit-console"
+TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def token_of(html: str) -> str:
+    found = TOKEN.search(html)
+    assert found is not None
+    return found.group(1)
+
+
+def test_sign_in_needs_its_token_and_keeps_the_key_out_of_the_cookie(
+    http: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert http.get("/console/batches").headers["location"] == "/console/sign-in"
+    form = http.get("/console/sign-in")
+    assert "default-src 'self'" in form.headers["content-security-policy"]
+    token = token_of(form.text)
+    assert http.post("/console/sign-in", data={"api_key": KEY}).status_code == 403
+    wrong = http.post("/console/sign-in", data={"api_key": "sk-wrong", "csrf_token": token})
+    assert wrong.status_code == 401 and "Incorrect API key." in wrong.text
+    token = token_of(wrong.text)
+    ok = http.post("/console/sign-in", data={"api_key": KEY, "csrf_token": token})
+    assert ok.status_code == 303 and ok.headers["location"] == "/console/batches"
+    cookie = next(c for c in ok.headers.get_list("set-cookie") if "backfill_console=" in c)
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+    assert KEY not in cookie and KEY not in caplog.text
+    # Signed in: a page renders; sign-out needs the session's token.
+    usage = http.get("/console/usage")
+    assert usage.status_code == 200 and "unit-key · unit · member" in usage.text
+    assert http.post("/console/sign-out", data={}).status_code == 403
+    out = http.post("/console/sign-out", data={"csrf_token": token_of(usage.text)})
+    assert out.status_code == 303
+    assert http.get("/console/usage").headers["location"] == "/console/sign-in"
+
+
+def test_unknown_console_pages_are_html_404s_and_static_files_are_served(
+    http: TestClient,
+) -> None:
+    missing = http.get("/console/no-such-page")
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
+    assert http.get("/console/static/console.js").status_code == 200
+    assert http.get("/console/static/console.css").status_code == 200
