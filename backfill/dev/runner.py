@@ -199,6 +199,7 @@ def run(
             "\nbackfill is running:\n"
             f"  API            {api_base}/v1\n"
             f"  API key        {DEV_API_KEY}\n"
+            f"  console        {api_base}/console (sign in with the key)\n"
             f"  Temporal UI    http://{LOOPBACK}:{ui_port}\n"
             f"  Temporal       {server.address} (namespace {settings.temporal_namespace})\n"
             f"  simulator      http://{LOOPBACK}:{sim_port}\n"

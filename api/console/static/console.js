@@ -10,7 +10,7 @@
     function later() { window.setTimeout(tick, ms); }
     function tick() {
       if (document.hidden || el.contains(document.activeElement)) { later(); return; }
-      window.fetch(url, { credentials: "same-origin", headers: { "X-Console-Refresh": "1" } })
+      window.fetch(url, { credentials: "same-origin" })
         .then(function (resp) {
           if (resp.redirected || !resp.ok) { throw new Error("refresh: " + resp.status); }
           return resp.text();
