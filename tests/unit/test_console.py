@@ -213,3 +213,38 @@ def test_unknown_console_pages_are_html_404s_and_static_files_are_served(
     assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
     assert http.get("/console/static/console.js").status_code == 200
     assert http.get("/console/static/console.css").status_code == 200
+
+
+def test_what_users_wrote_is_escaped_in_the_pages() -> None:
+    """Metadata, reasons and ids come from users: the templates escape them (autoescape)."""
+    from starlette.requests import Request
+
+    from api.console.batch_pages import actions, why_it_waits
+    from api.console.sessions import SessionTable
+    from api.console.web import templates
+    from backfill.batches import Batch
+
+    evil = '<img src=x onerror="alert(1)">'
+    batch = Batch(
+        id="batch_x",
+        endpoint="/v1/chat/completions",
+        input_file_id="file-x",
+        completion_window="24h",
+        status="in_progress",
+        created_at=1,
+        metadata={"note": evil},
+    )
+    batch.backfill.paused, batch.backfill.paused_by = True, evil
+    session = SessionTable().create(ALICE, now=0)
+    request = Request({"type": "http", "query_string": b"", "headers": [], "path": "/"})
+    html = templates.get_template("batch.html").render(
+        request=request,
+        session=session,
+        identity=ALICE,
+        batch=batch,
+        now=2,
+        actions=actions(batch, "member"),
+        why=why_it_waits(batch),
+    )
+    assert evil not in html and "&lt;img src=x" in html
+    assert actions(batch, "member") == ["resume", "cancel"] and actions(batch, "auditor") == []
