@@ -54,6 +54,7 @@ async def progress(page: Page, batch_id: str, where: str = "") -> tuple[int, int
 
 
 async def test_roles_and_the_session_cookie(browser: Browser, stack: Stack) -> None:
+    older = await submit(stack, 2, key=OTHER_MEMBER, prefix="beta-old")
     theirs = await submit(stack, 2, key=OTHER_MEMBER, prefix="beta")
     member = await sign_in(browser, stack.api_url, MEMBER)
     await expect(member.get_by_test_id("who")).to_contain_text(stack.workspaces["alpha"])
@@ -78,6 +79,19 @@ async def test_roles_and_the_session_cookie(browser: Browser, stack: Stack) -> N
     await admin.get_by_label("Workspace").fill(stack.workspaces["beta"])
     await admin.get_by_role("button", name="Apply").click()
     await expect(admin.locator(f'tr[data-batch="{theirs}"]')).to_have_count(1)
+    # Paging: one per page, newest first.
+    await admin.get_by_label("Per page").fill("1")
+    await admin.get_by_role("button", name="Apply").click()
+    await expect(admin.locator("tr[data-batch]")).to_have_count(1)
+    await expect(admin.locator(f'tr[data-batch="{theirs}"]')).to_have_count(1)
+    await admin.get_by_role("link", name="Next page").click()
+    await expect(admin.locator(f'tr[data-batch="{older}"]')).to_have_count(1)
+    await expect(admin.get_by_role("link", name="Next page")).to_have_count(0)
+    await expect(admin.get_by_role("link", name="First page")).to_have_count(1)
+    # A status filter the batches do not match.
+    await admin.get_by_label("Status").select_option("expired")
+    await admin.get_by_role("button", name="Apply").click()
+    await expect(admin.locator("tr[data-batch]")).to_have_count(0)
     auditor = await sign_in(browser, stack.api_url, AUDITOR)
     await expect(auditor.locator(f'tr[data-batch="{theirs}"]')).to_have_count(1)
 
