@@ -95,6 +95,23 @@ async def _running_lines(client: Client, route_id: str, status: SchedulerStatus)
     return sum(await asyncio.gather(*(running(b) for b in status.batches)))
 
 
+async def route_sample(
+    client: Client, route_id: str, configured_limit: int
+) -> tuple[int, int, int]:
+    """(running lines, limit, live requests in flight) of a route now, for the console's chart;
+    a route whose scheduler never started has nothing running. Raises when it cannot answer."""
+    handle = client.get_workflow_handle_for(
+        RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
+    )
+    try:
+        status = await handle.query(RouteSchedulerWorkflow.status, rpc_timeout=QUICK_QUERY)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return 0, configured_limit, 0
+    return await _running_lines(client, route_id, status), status.limit, status.live_in_flight
+
+
 @router.get("/deployments/{route_id}/batch-scheduling", response_model=BatchScheduling)
 async def get_batch_scheduling(
     route_id: str,

@@ -15,6 +15,7 @@ from temporalio.client import Client
 from activities.load_metrics import configured_bases
 from activities.server_load import ServerLoadReader
 from api import admin, admin_batches, admin_usage, batches, console, errors, files, health, proxy
+from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
@@ -55,6 +56,12 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         )
         reporter.start()
         app.state.live_reporter = reporter
+        sampler = RouteSampler(
+            app.state.console.samples,
+            link,
+            [(r.id, r.max_concurrent_lines) for m in settings.models for r in m.routes],
+        )
+        sampler.start()
         try:
             async with httpx.AsyncClient(
                 trust_env=False, follow_redirects=False, limits=UPSTREAM_LIMITS
@@ -62,6 +69,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 app.state.http = http
                 yield
         finally:
+            await sampler.stop()
             await reporter.stop()
             await link.stop()
             app.state.usage.close()

@@ -18,7 +18,6 @@ from starlette.datastructures import FormData
 
 from api import admin
 from api.console.charts import route_chart
-from api.console.samples import RouteSample
 from api.console.web import SessionDep, checked_form, render, router, state
 from api.deps import ClientDep, SettingsDep
 from api.errors import InvalidRequest
@@ -88,12 +87,7 @@ def field_errors(err: ValidationError) -> dict[str, str]:
 async def _scheduling(
     request: Request, route_id: str, session: SessionDep, client: ClientDep, settings: SettingsDep
 ) -> BatchScheduling:
-    doc = await admin.get_batch_scheduling(route_id, request, settings, client, session.identity)
-    samples, now = state(request).samples, time.time()
-    if samples.due(route_id, now) and not doc.status.stale:
-        s = doc.status
-        samples.add(route_id, RouteSample(now, s.running_lines, s.limit, s.live_in_flight))
-    return doc
+    return await admin.get_batch_scheduling(route_id, request, settings, client, session.identity)
 
 
 @router.get("/routes", response_model=None)

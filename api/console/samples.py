@@ -1,9 +1,7 @@
 """The route chart's samples: running batch lines, the limit and live requests in flight.
 
-Kept in the api process's memory, per route, for the last `WINDOW_SECONDS`. A sample is taken
-when a route page is served (the page refreshes itself every few seconds while open), at most
-one per `MIN_SPACING_SECONDS` per route, from the same status document the management API
-serves. Nothing samples while nobody looks; each api replica keeps its own samples.
+Kept in the api process's memory, per route, for the last `WINDOW_SECONDS`, taken in the
+background by `api/console/sampler.py` every few seconds; each api replica keeps its own.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from dataclasses import dataclass, field
 
 WINDOW_SECONDS = 15 * 60
 MIN_SPACING_SECONDS = 2.0
+"""The closest two samples are ever taken (the deque's bound follows from it)."""
 MAX_SAMPLES = int(WINDOW_SECONDS / MIN_SPACING_SECONDS) + 1
 
 
@@ -28,11 +27,6 @@ class RouteSample:
 @dataclass
 class RouteSamples:
     by_route: dict[str, deque[RouteSample]] = field(default_factory=dict)
-
-    def due(self, route: str, now: float) -> bool:
-        """Whether a new sample should be taken for this route now."""
-        kept = self.by_route.get(route)
-        return not kept or now - kept[-1].at >= MIN_SPACING_SECONDS
 
     def add(self, route: str, sample: RouteSample) -> None:
         kept = self.by_route.setdefault(route, deque(maxlen=MAX_SAMPLES))

@@ -15,7 +15,7 @@ from api.admin_usage import UsageBucket
 from api.app import create_app
 from api.console.charts import bar_chart, route_chart
 from api.console.route_pages import field_errors, form_values, posted_values, settings_document
-from api.console.samples import MIN_SPACING_SECONDS, WINDOW_SECONDS, RouteSample, RouteSamples
+from api.console.samples import WINDOW_SECONDS, RouteSample, RouteSamples
 from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionTable
 from api.console.usage_page import daily_rows
 from api.deps import Identity
@@ -108,12 +108,9 @@ def test_validation_errors_name_their_form_field(pairs: list[tuple[str, str]], f
     assert field in field_errors(err.value)
 
 
-def test_samples_are_spaced_and_kept_for_fifteen_minutes() -> None:
+def test_samples_are_kept_for_fifteen_minutes() -> None:
     samples = RouteSamples()
-    assert samples.due("r", now=100)
     samples.add("r", RouteSample(100, 1, 4, 0))
-    assert not samples.due("r", now=100 + MIN_SPACING_SECONDS / 2)
-    assert samples.due("r", now=100 + MIN_SPACING_SECONDS)
     samples.add("r", RouteSample(200, 2, 4, 1))
     assert [s.at for s in samples.recent("r", now=150)] == [100, 200]
     assert [s.at for s in samples.recent("r", now=100 + WINDOW_SECONDS + 1)] == [200]
@@ -248,3 +245,35 @@ def test_what_users_wrote_is_escaped_in_the_pages() -> None:
     )
     assert evil not in html and "&lt;img src=x" in html
     assert actions(batch, "member") == ["resume", "cancel"] and actions(batch, "auditor") == []
+
+
+async def test_the_sampler_records_routes_that_answer_and_skips_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from api import errors
+    from api.console import sampler as sampler_module
+    from api.console.sampler import RouteSampler
+
+    async def route_sample(client: object, route: str, configured: int) -> tuple[int, int, int]:
+        if route == "down":
+            raise TimeoutError("query timed out")
+        return 3, configured, 1
+
+    class Link:
+        up = False
+
+        def client(self) -> object:
+            if not self.up:
+                raise errors.TemporalUnavailable()
+            return object()
+
+    monkeypatch.setattr(sampler_module, "route_sample", route_sample)
+    samples, link = RouteSamples(), Link()
+    sampler = RouteSampler(samples, link, [("up", 4), ("down", 8)])  # type: ignore[arg-type]
+    await sampler.sample_once()
+    assert samples.by_route == {}  # Temporal not connected: no sample, no error
+    link.up = True
+    await sampler.sample_once()
+    [only] = samples.by_route["up"]
+    assert (only.running, only.limit, only.live) == (3, 4, 1)
+    assert "down" not in samples.by_route

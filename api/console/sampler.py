@@ -1,0 +1,66 @@
+"""Samples each route's running batch lines, limit and live requests in flight every
+`SAMPLE_SECONDS` in the background, for the route page's 15-minute chart.
+
+One query of the route's scheduler and one per batch on it (the same reads as the route page's
+status), bounded like every RPC of the api; a route that cannot answer now (Temporal down, no
+worker) gets no sample, which the chart shows as a gap in time. Each api replica keeps its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from api.admin import route_sample
+from api.console.samples import RouteSample, RouteSamples
+from api.errors import TemporalUnavailable
+from api.temporal_link import TemporalLink
+
+log = logging.getLogger(__name__)
+
+SAMPLE_SECONDS = 5.0
+
+
+class RouteSampler:
+    def __init__(
+        self, samples: RouteSamples, link: TemporalLink, routes: Sequence[tuple[str, int]]
+    ) -> None:
+        self._samples = samples
+        self._link = link
+        self._routes = list(routes)
+        """(route id, its configured batch limit)."""
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="console-route-sampler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def sample_once(self) -> None:
+        """One sample of every route that answers."""
+        try:
+            client = self._link.client()
+        except TemporalUnavailable:
+            return
+
+        async def one(route: str, configured: int) -> None:
+            try:
+                running, limit, live = await route_sample(client, route, configured)
+            except Exception as err:  # any failure is a missing sample, never a dead sampler
+                log.debug("no chart sample for route %s: %s", route, err)
+                return
+            self._samples.add(route, RouteSample(time.time(), running, limit, live))
+
+        await asyncio.gather(*(one(r, limit) for r, limit in self._routes))
+
+    async def _run(self) -> None:
+        while True:
+            await self.sample_once()
+            await asyncio.sleep(SAMPLE_SECONDS)
