@@ -111,7 +111,10 @@ async def one_size(args: argparse.Namespace, n: int, root: Path) -> dict[str, An
             cap=args.cap,
             sim=SimConfig(model_names=[], latency_ms=args.latency_ms, max_num_seqs=1024),
             limits={"max_lines_per_batch": max(50_000, n), "max_file_bytes": max(size, 200 * MB)},
-            extra_env={"BACKFILL_LOG_LEVEL": "WARNING"},
+            extra_env={
+                "BACKFILL_LOG_LEVEL": "WARNING",
+                **dict(kv.split("=", 1) for kv in args.env),
+            },
         )
         async with stack.running():
             api_pid, worker_pid = stack.api.pid, stack.workers[0].pid
@@ -214,6 +217,7 @@ async def one_size(args: argparse.Namespace, n: int, root: Path) -> dict[str, An
         .get("finalize_batch", {})
         .get("total_schedule_to_close_s"),
         "dynamic_config": list(args.dynamic_config),
+        "env": list(args.env),
     }
 
 
@@ -257,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-s", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=4 * 3600)
     p.add_argument("--dynamic-config", action="append", default=[], metavar="KEY=JSON")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="for the api and worker"
+    )
     p.add_argument("--tmp", default=None, help="parent of the temporary directory")
     p.add_argument("--out", default=None, help="write the rows as JSON here after each size")
     args = p.parse_args(argv)
