@@ -20,8 +20,9 @@ def test_either_bound_ends_a_run_without_a_suggestion() -> None:
     assert run_is_full(suggested=False, events=0, size_bytes=MAX_RUN_HISTORY_BYTES)
 
 
-def test_the_bounds_leave_room_below_temporal_s_hard_limits() -> None:
-    """Temporal terminates a run at 51,200 events or 50 MB; a drain at cap 256 adds about
-    1,000 events and 1 MB, finalizing a few."""
+def test_the_bounds_sit_under_temporal_s_warnings_and_far_under_its_limits() -> None:
+    """Temporal warns at 10,240 events or 10 MB and terminates a run at 51,200 events or 50 MB;
+    a drain at cap 256 adds about 1,000 events and 1 MB, finalizing a few."""
+    assert MAX_RUN_EVENTS <= 10_240 and MAX_RUN_HISTORY_BYTES <= 10 * 2**20
     assert MAX_RUN_EVENTS + 2_000 < 51_200
     assert MAX_RUN_HISTORY_BYTES + 2 * 2**20 < 50 * 2**20
