@@ -4,8 +4,9 @@ Temporal terminates a run at 51,200 history events or 50 MB. The server suggests
 new well before that (dynamic config `limit.historyCount.suggestContinueAsNew`, 4,096 events by
 default, and `limit.historySize.suggestContinueAsNew`, 4 MB): a batch follows the suggestion, so
 an operator who raises those thresholds gets fewer, longer runs (fewer drain pauses). Longer runs
-cost worker memory: the worker keeps per-activity state for the whole run, about 5 KB per history
-event (a run of 15,000 events peaked at 206 MiB against 148 MiB at 4,200; docs/performance.md).
+cost worker memory: at cap 64 the worker peaked at 206 MiB in runs of 15,000 events against
+148 MiB in runs of 4,200 (docs/performance.md), about 5 KB per event of the run's length (a
+workflow task that misses the sticky queue replays the whole run).
 The bounds below are the safety net for a server whose suggestion is off or set higher: a run that
 reaches either drains and continues. They sit under the server's own warning thresholds (10,240
 events, 10 MB) and far under its hard limits, leaving room for the lines still running (a few
