@@ -211,6 +211,8 @@ async def one_size(args: argparse.Namespace, n: int, root: Path) -> dict[str, An
         "events_per_run_max": max(events_per_run),
         "events_per_run_median": sorted(events_per_run)[len(events_per_run) // 2],
         "events_per_line": hist["events_per_line"],
+        "wft_timeouts": hist["wft_timeouts"],
+        "wft_failures": hist["wft_failures"],
         "continue_as_new_idle_s": hist["continue_as_new_idle_s"],
         "continue_as_new_drain_tail_s": hist["continue_as_new_drain_tail_s"],
         "finalize_s": hist["other_activities"]
