@@ -188,6 +188,60 @@ def _iter_lines(f: BinaryIO, keep: int) -> Iterator[tuple[int, int, bytes | None
             yield item
 
 
+class SeenIds:
+    """A set of custom_ids, each remembered with the line that first used it, in about 20
+    bytes per id: a 128-bit hash per id in two flat arrays, found through an open-addressing
+    table of 4-byte slots (linear probing, at most half full). Two different ids share a hash
+    with a probability of about n²/2¹²⁹ (1e-28 at 200,000 ids)."""
+
+    __slots__ = ("_lo", "_hi", "_lines", "_slots", "_mask")
+
+    def __init__(self) -> None:
+        self._lo = array("Q")
+        self._hi = array("Q")
+        self._lines = array("I")
+        """The line number that first used each id, in insertion order."""
+        self._slots = array("I", bytes(4 * 1024))
+        """1 + the id's insertion index, 0 for an empty slot."""
+        self._mask = 1024 - 1
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def add(self, custom_id: str, lineno: int) -> int | None:
+        """Remember `custom_id` as first used on `lineno`; if it was seen before, the line
+        that first used it (and nothing changes)."""
+        h = int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=16).digest(), "little")
+        lo, hi = h & _U64, h >> 64
+        slots, mask = self._slots, self._mask
+        slot = lo & mask
+        while (item := slots[slot]) != 0:
+            if self._lo[item - 1] == lo and self._hi[item - 1] == hi:
+                return int(self._lines[item - 1])
+            slot = (slot + 1) & mask
+        self._lo.append(lo)
+        self._hi.append(hi)
+        self._lines.append(lineno)
+        slots[slot] = len(self._lines)
+        if 2 * len(self._lines) > mask:
+            self._grow()
+        return None
+
+    def _grow(self) -> None:
+        size = 2 * (self._mask + 1)
+        slots = array("I", bytes(4 * size))
+        mask = size - 1
+        for item, lo in enumerate(self._lo, start=1):
+            slot = lo & mask
+            while slots[slot] != 0:
+                slot = (slot + 1) & mask
+            slots[slot] = item
+        self._slots, self._mask = slots, mask
+
+
+_U64 = (1 << 64) - 1
+
+
 def _truthy(value: object) -> bool:
     """Whether a model server could read `value` as "yes" (true, 1, "true", "yes", [0], ...).
     Only absent, null, false, 0 and the empty string are "no"."""
@@ -205,9 +259,9 @@ class _LineChecker:
         self.required = _REQUIRED_FIELD[endpoint]
         self.models = {m.id: m for m in settings.models}
         self.allowed = allowed_models
-        self.seen: dict[bytes, int] = {}
-        """A 16-byte hash of each custom_id -> the line that first used it (a 50,000-line file
-        of 512-character ids would otherwise keep 25 MB of ids for the whole validation)."""
+        self.seen = SeenIds()
+        """The custom_ids so far, as 16-byte hashes in flat arrays (not one Python object per
+        line: a dict of them took about 130 bytes a line, 26 MB at 200,000 lines)."""
 
     def check(self, raw: bytes, lineno: int) -> BatchError | tuple[str, ModelConfig, str]:
         try:
@@ -263,8 +317,7 @@ class _LineChecker:
                 message=f"custom_id must be at most {MAX_CUSTOM_ID_CHARS} characters "
                 f"(it has {len(custom_id)}).",
             )
-        key = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
-        first = self.seen.get(key)
+        first = self.seen.add(custom_id, lineno)
         if first is not None:
             return BatchError(
                 code="duplicate_custom_id",
@@ -273,7 +326,6 @@ class _LineChecker:
                 message=f"The custom_id {_show(custom_id)} is already used on line {first}; "
                 "custom_id values must be unique within a batch.",
             )
-        self.seen[key] = lineno
 
         method = obj.get("method")
         if method != "POST":

@@ -29,6 +29,7 @@ from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
 from worker.exporter import Exporter
 from worker.lag import log_every
+from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
 from worker.retention import ensure_schedule
 from workflows.batch import BatchWorkflow
@@ -205,4 +206,5 @@ async def serve(settings: Settings) -> None:
 
 
 def run(settings: Settings) -> None:
+    limit_malloc_arenas()  # before any thread starts
     asyncio.run(serve(settings))

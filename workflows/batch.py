@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
         RequestCounts,
         Usage,
     )
-    from workflows import refs
+    from workflows import refs, run_length
     from workflows.alarm import Alarm
     from workflows.lanes import Lane, Tries, demand_to_report
     from workflows.lifecycle import (
@@ -64,7 +64,12 @@ NO_RETRY = RetryPolicy(maximum_attempts=1)
 LINE_HEARTBEAT = timedelta(seconds=10)
 MAX_LOST_ATTEMPTS = 5
 LINES_PER_RUN = 2_000
-"""Continue-as-new after this many lines finished in one run (≈ 3.5 events each)."""
+"""Runs from before `CONTINUE_AS_NEW_BY_HISTORY` also continued as new after this many lines
+finished in one run; kept only so they replay."""
+CONTINUE_AS_NEW_BY_HISTORY = "continue-as-new-by-history"
+"""Patch: a run continues as new when Temporal suggests it or its history reaches
+`run_length`'s bounds, no longer after a fixed `LINES_PER_RUN` lines, so a batch has as few runs
+as the server's thresholds allow. Runs from before it drained at `LINES_PER_RUN` lines."""
 CANCEL_REQUEST_KEEPS_RESULTS = "cancel-request-keeps-results"
 """Patch: a workflow cancellation request that lands while the main task awaits an activity or a
 signal cancels the batch like the `cancel` signal. Runs from before it closed as cancelled,
@@ -325,9 +330,22 @@ class BatchWorkflow:
             self._b.usage.add(outcome.usage)
 
     def _after_line(self, lane: Lane) -> None:
-        if self._lines_this_run >= LINES_PER_RUN or workflow.info().is_continue_as_new_suggested():
+        if not self._draining and self._run_is_full():
             self._draining = True
         self._dirty = True
+
+    def _run_is_full(self) -> bool:
+        """Time to drain and continue as new (decided in `run_length`)."""
+        if self._lines_this_run >= LINES_PER_RUN and not workflow.patched(
+            CONTINUE_AS_NEW_BY_HISTORY
+        ):
+            return True  # a run from before the patch
+        info = workflow.info()
+        return run_length.run_is_full(
+            suggested=info.is_continue_as_new_suggested(),
+            events=info.get_current_history_length(),
+            size_bytes=info.get_current_history_size(),
+        )
 
     # ---- scheduler protocol ----
     async def _report_demands(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from activities.finalizing import FinalizeActivities
 from activities.retention import RetentionActivities
@@ -48,3 +49,58 @@ def test_expired_files_are_deleted_and_others_kept(tmp_path: Path) -> None:
     out = RetentionActivities(store)._delete_expired(4600)
     assert out.deleted_files == 1 and store.get_file(short.id) is None
     assert store.get_file(file_id) is not None
+
+
+def test_finalizing_streams_its_files_in_bounded_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5,000 results of 2 KB (10 MB of output): finalizing holds one record at a time and the
+    index (12 bytes a line), never the output, so Python's peak stays far below it."""
+    import json
+    import os
+    import tracemalloc
+
+    from activities.input_rules import validate_input
+    from backfill.config import Limits, Settings
+    from backfill.store import FileStore
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # memory is measured here, not the disk
+    n = 5_000
+    settings = Settings(
+        models=[{"id": "demo", "routes": [{"id": "r1", "base_url": "http://upstream/v1"}]}],
+        limits=Limits(max_lines_per_batch=n),
+    )
+    store = FileStore(tmp_path)
+    up = store.begin_upload(1 << 30)
+    for i in range(n):
+        req = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions"}
+        req["body"] = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+        up.write(json.dumps(req).encode() + b"\n")
+    file_id = up.finish(workspace="w", filename="in.jsonl", purpose="batch").id
+    store.snapshot_input(BATCH, file_id)
+    with open(store.batch_input_path(BATCH, file_id), "rb") as f:
+        index = validate_input(
+            f, batch_id=BATCH, endpoint="/v1/chat/completions", settings=settings
+        )
+    assert index.errors == []
+    store.write_index(BATCH, index.offsets, index.lengths, index.routes, index.route_line_numbers)
+    for i in range(n):
+        status = 200 if i % 4 else 400  # a quarter go to the error file
+        record = {
+            "id": f"batch_req_{i}",
+            "custom_id": f"c{i}",
+            "response": {"status_code": status, "request_id": "r", "body": {"pad": "x" * 2000}},
+            "error": None,
+        }
+        store.commit_result(BATCH, i, json.dumps(record).encode())
+    inp = FinalizeInput(batch_id=BATCH, workspace="w", input_file_id=file_id, reason="completed")
+    tracemalloc.start()
+    try:
+        out = FinalizeActivities(store)._finalize(inp)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (out.total, out.completed, out.failed) == (n, n - n // 4, n // 4)
+    ok = store.get_file(out.output_file_id or "")
+    assert ok is not None and ok.bytes > 7_000_000
+    assert peak < 2 * 2**20, f"peak {peak / 2**20:.1f} MiB"
