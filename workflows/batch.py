@@ -336,10 +336,13 @@ class BatchWorkflow:
 
     def _run_is_full(self) -> bool:
         """Time to drain and continue as new (decided in `run_length`)."""
-        if self._lines_this_run >= LINES_PER_RUN and not workflow.patched(
-            CONTINUE_AS_NEW_BY_HISTORY
-        ):
-            return True  # a run from before the patch
+        if not workflow.patched(CONTINUE_AS_NEW_BY_HISTORY):
+            # A run from before the patch, replayed: its rule exactly (the safety net's drain
+            # could come earlier than that and change the commands it recorded).
+            return (
+                self._lines_this_run >= LINES_PER_RUN
+                or workflow.info().is_continue_as_new_suggested()
+            )
         info = workflow.info()
         return run_length.run_is_full(
             suggested=info.is_continue_as_new_suggested(),
