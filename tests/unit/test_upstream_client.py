@@ -110,6 +110,34 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None
         assert connections == 2
 
 
+async def test_a_cookie_from_one_answer_is_not_sent_with_the_next_line() -> None:
+    seen: list[str | None] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            lines = head.decode().split("\r\n")
+            headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+            await reader.readexactly(int(headers.get("content-length", "0")))
+            seen.append(headers.get("cookie"))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nSet-Cookie: tenant=alpha; Path=/\r\n"
+                b"Content-Length: 2\r\n\r\n{}"
+            )
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, upstream_client() as http:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        for _ in range(2):
+            assert (await http.post(url, json=chat())).status_code == 200
+    assert seen == [None, None]
+
+
 def test_socket_readable_sees_data_and_eof() -> None:
     a, b = socket.socketpair()
     with a, b:
