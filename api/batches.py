@@ -92,6 +92,7 @@ async def create_batch(
         role=identity.role,
         line_timeout_seconds=settings.limits.line_timeout_seconds,
         max_line_retries=settings.limits.max_line_retries,
+        line_heartbeat_timeout_seconds=settings.limits.line_heartbeat_timeout_seconds,
         output_expires_after_seconds=(
             req.output_expires_after.seconds if req.output_expires_after else None
         ),

@@ -84,6 +84,13 @@ class Limits(_Strict):
     """How long one upstream request may take."""
     max_line_retries: int = Field(default=5, ge=0)
     """How many times a line that met 429/503/connection refused goes back to the queue."""
+    line_heartbeat_timeout_seconds: float = Field(default=7.0, ge=4.0, le=600.0)
+    """A line whose worker sent no heartbeat this long is lost and runs again on another
+    worker: about the longest a SIGKILLed worker's lines wait (docs/performance.md, crash
+    detection). A running line heartbeats every half of it (none if answered sooner), so
+    lower means faster recovery for more heartbeat calls on Temporal, and less room for a
+    worker's stalled event loop before its lines are wrongly declared lost. At least 4 s: a
+    worker sends heartbeats at most every 2 s (`MAX_HEARTBEAT_THROTTLE_SECONDS`)."""
 
 
 class ApiKeyConfig(_Strict):
@@ -180,6 +187,14 @@ class Settings(BaseSettings):
     """How long the worker keeps an idle connection to a model server for reuse. Keep it below
     the servers' own idle timeout (vLLM and uvicorn close idle connections after 5 s), so the
     worker does not send a line on a connection the server is closing."""
+    worker_sticky_queue_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias="BACKFILL_WORKER_STICKY_QUEUE_TIMEOUT_SECONDS",
+    )
+    """How long a workflow task waits on a worker's own (sticky) queue before any worker may
+    take it (with a full history replay). A SIGKILLed worker's queue is skipped at once (its
+    polls are gone); this bounds a worker that is alive but stalled."""
     worker_loop_lag_log_seconds: float | None = Field(
         default=None,
         gt=0,

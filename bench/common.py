@@ -88,6 +88,54 @@ def proc_cpu_seconds(pid: int | None) -> float:
     return (utime + stime + cutime + cstime) / _TICK
 
 
+def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of this process: {native id: (group, seconds)}.
+
+    Groups: `event_loop` (the main thread: activities, the SDK's Python glue, httpx),
+    `workflow` (the SDK's workflow-activation threads: the workflow code in its sandbox),
+    `line_store` (run_line's store threads), `sdk_core` (threads Python does not know: the
+    SDK's Rust core, gRPC and protobuf), `other` (any other Python thread)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid_s in tids:
+        tid = int(tid_s)
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK
+        name = names.get(tid)
+        if name is None:
+            group = "sdk_core"
+        elif name == "MainThread":
+            group = "event_loop"
+        elif name.startswith("temporal_workflow"):
+            group = "workflow"
+        elif name.startswith("line-store"):
+            group = "line_store"
+        else:
+            group = "other"
+        out[tid] = (group, cpu)
+    return out
+
+
+def _thread_delta(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds per thread group between two snapshots (threads that ended are lost)."""
+    out: dict[str, float] = {}
+    for tid, (group, cpu) in after.items():
+        out[group] = out.get(group, 0.0) + cpu - before.get(tid, (group, 0.0))[1]
+    return {k: round(v, 2) for k, v in sorted(out.items())}
+
+
 def self_cpu_seconds() -> float:
     """CPU seconds of this process, every thread (Python, the SDK's Rust core, the simulator)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -104,6 +152,8 @@ class CpuSpan:
     server_cpu_s: float = 0.0
     sim_cpu_s: float = 0.0
     activity_worker_cpu_s: float = 0.0
+    threads_cpu_s: dict[str, float] = field(default_factory=dict)
+    """This process's CPU seconds by thread group (`thread_cpu_seconds`)."""
 
 
 class CpuMeter:
@@ -118,6 +168,7 @@ class CpuMeter:
         s0, m0 = proc_cpu_seconds(self.server_pid), proc_cpu_seconds(self.sim_pid)
         a_pid = self.activity_worker_pid
         a0 = proc_cpu_seconds(a_pid)
+        t0 = thread_cpu_seconds()
         try:
             yield out
         finally:
@@ -126,6 +177,7 @@ class CpuMeter:
             out.server_cpu_s = proc_cpu_seconds(self.server_pid) - s0
             out.sim_cpu_s = proc_cpu_seconds(self.sim_pid) - m0
             out.activity_worker_cpu_s = proc_cpu_seconds(a_pid) - a0
+            out.threads_cpu_s = _thread_delta(t0, thread_cpu_seconds())
 
 
 # ---- histories -----------------------------------------------------------------------------------

@@ -411,6 +411,7 @@ def _cpu(span: CpuSpan) -> dict[str, float]:
         "activity_worker_cpu_s": round(span.activity_worker_cpu_s, 2),
         "bench_process_cores": round(span.bench_cpu_s / w, 2),
         "server_cores": round(span.server_cpu_s / w, 2),
+        "bench_threads_cpu_s": span.threads_cpu_s,
     }
 
 
@@ -671,6 +672,7 @@ def table(r: dict[str, Any]) -> str:
                 "backfill CPU s: bench process / server",
                 f"{b['cpu']['bench_process_cpu_s']} / {b['cpu']['server_cpu_s']}",
             ),
+            ("backfill CPU ms per line, bench process", _per_line(b["cpu"], r["lines"])),
         ]
     if bare:
         h = bare["history"]
@@ -706,6 +708,7 @@ def table(r: dict[str, Any]) -> str:
                 "bare CPU s: bench process / server",
                 f"{bare['cpu']['bench_process_cpu_s']} / {bare['cpu']['server_cpu_s']}",
             ),
+            ("bare CPU ms per activity, bench process", _per_line(bare["cpu"], r["lines"])),
         ]
     for a in r.get("ablated", []):
         h = a["history"]
@@ -730,6 +733,14 @@ def table(r: dict[str, Any]) -> str:
         ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _per_line(cpu: dict[str, Any], n: int) -> str:
+    """CPU ms per line of the bench process, then by thread group (thread_cpu_seconds)."""
+    total = f"{1000 * cpu['bench_process_cpu_s'] / n:.2f}"
+    groups = cpu.get("bench_threads_cpu_s") or {}
+    parts = ", ".join(f"{k} {1000 * v / n:.2f}" for k, v in groups.items())
+    return f"{total} ({parts})" if parts else total
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import signal
@@ -18,6 +17,7 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
+from activities.heartbeat import MAX_HEARTBEAT_THROTTLE_SECONDS
 from activities.lines import LineActivities
 from activities.load_metrics import configured_bases
 from activities.retention import RetentionActivities
@@ -32,6 +32,7 @@ from worker.lag import log_every
 from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
 from worker.retention import ensure_schedule
+from worker.upstream import upstream_client
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
@@ -67,48 +68,6 @@ def activities(
     ]
 
 
-UPSTREAM_POOLS = 8
-"""Connection pools the upstream client spreads its requests over (see `PooledTransport`)."""
-
-
-class PooledTransport(httpx.AsyncBaseTransport):
-    """Several independent httpx connection pools, used in turn.
-
-    httpcore's pool does bookkeeping proportional to (idle connections × connections) on every
-    request and every response it closes: with 256 lines in flight through one pool, that took
-    about half of the worker's event loop (py-spy, docs/performance.md). `pools` pools of about
-    256 / `pools` connections each cost about 1/`pools`² of it."""
-
-    def __init__(self, pools: int, limits: httpx.Limits) -> None:
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(pools)]
-        self._turn = itertools.cycle(self._pools)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await next(self._turn).handle_async_request(request)
-
-    async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
-
-
-def upstream_client(keepalive_seconds: float = 2.0) -> httpx.AsyncClient:
-    """The httpx client for model servers: pooled, no redirects, no proxies from the env.
-
-    Idle connections are kept `keepalive_seconds` (settings.upstream_keepalive_seconds), less
-    than the servers' own keep-alive timeout, so a line is rarely sent on a connection the server
-    is closing (LineActivities sends such a request again at once)."""
-    limits = httpx.Limits(
-        max_connections=None,
-        max_keepalive_connections=256 // UPSTREAM_POOLS,
-        keepalive_expiry=keepalive_seconds,
-    )
-    return httpx.AsyncClient(
-        transport=PooledTransport(UPSTREAM_POOLS, limits),
-        follow_redirects=False,
-        trust_env=False,
-    )
-
-
 @contextlib.asynccontextmanager
 async def running_worker(
     client: Client, settings: Settings, *, task_queue: str | None = None
@@ -126,7 +85,10 @@ async def running_worker(
             activities=activities(settings, store, http, client, usage),
             max_concurrent_activities=settings.worker_max_concurrent_activities,
             activity_task_poller_behavior=ACTIVITY_POLLERS,
-            sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+            sticky_queue_schedule_to_start_timeout=timedelta(
+                seconds=settings.worker_sticky_queue_timeout_seconds
+            ),
+            max_heartbeat_throttle_interval=timedelta(seconds=MAX_HEARTBEAT_THROTTLE_SECONDS),
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
         )
         async with worker:

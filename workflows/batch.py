@@ -61,7 +61,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
-LINE_HEARTBEAT = timedelta(seconds=10)
+LINE_HEARTBEAT_SECONDS = 7.0
+"""A line's heartbeat timeout when its batch's input names none (batches created before
+`limits.line_heartbeat_timeout_seconds`; it was 10 s then)."""
 MAX_LOST_ATTEMPTS = 5
 LINES_PER_RUN = 2_000
 """Runs from before `CONTINUE_AS_NEW_BY_HISTORY` also continued as new after this many lines
@@ -288,7 +290,9 @@ class BatchWorkflow:
                 LineActivities.run_line,
                 line,
                 start_to_close_timeout=timedelta(seconds=self._input.line_timeout_seconds + 60),
-                heartbeat_timeout=LINE_HEARTBEAT,
+                heartbeat_timeout=timedelta(
+                    seconds=self._input.line_heartbeat_timeout_seconds or LINE_HEARTBEAT_SECONDS
+                ),
                 retry_policy=NO_RETRY,
             )
         except ActivityError as err:

@@ -46,6 +46,9 @@ class BatchInput(BaseModel):
     """Identity snapshot: that key's role when the batch was created."""
     line_timeout_seconds: float = 600.0
     max_line_retries: int = 5
+    line_heartbeat_timeout_seconds: float | None = None
+    """`limits.line_heartbeat_timeout_seconds` when the batch was created (None: a batch from
+    before the setting existed, which uses the workflow's default)."""
     output_expires_after_seconds: int | None = None
     """`output_expires_after`: the output and error files expire this long after they are
     assembled (None: kept until deleted)."""
