@@ -10,12 +10,12 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.records import END_MESSAGES, custom_id_of, error_record_bytes, outcome_from_record
-from backfill.store import FileStore, Upload
+from backfill.store import Store, Upload
 from workflows.messages import FinalizeInput, FinalizeOutput
 
 
 class FinalizeActivities:
-    def __init__(self, store: FileStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     @activity.defn

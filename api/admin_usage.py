@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from api.admin_batches import AdminReaderDep
-from api.deps import StoreDep
+from api.deps import SettingsDep
 from api.errors import InvalidRequest
 from api.schemas import COMMON_ERRORS, error_responses
 from backfill.usage import ServiceClass, hourly_totals, read_entries
@@ -47,7 +47,7 @@ class UsageList(BaseModel):
 
 @router.get("/usage", response_model=UsageList)
 async def usage_totals(
-    store: StoreDep,
+    settings: SettingsDep,
     identity: AdminReaderDep,
     workspace: str | None = None,
     start: Annotated[int | None, Query(alias="from", ge=0)] = None,
@@ -59,7 +59,7 @@ async def usage_totals(
         raise InvalidRequest("`to` must not be before `from`.", param="to")
 
     def totals() -> list[UsageBucket]:
-        rows = hourly_totals(read_entries(store.root, start, end), workspace)
+        rows = hourly_totals(read_entries(settings.data_dir, start, end), workspace)
         return [UsageBucket(**vars(r)) for r in rows]
 
     return UsageList(data=await asyncio.to_thread(totals))
