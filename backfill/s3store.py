@@ -193,8 +193,8 @@ class S3Store(Store):
                 raise RuntimeError(f"delete of {first.get('Key')} failed: {first.get('Code')}")
 
     # ---- files ------------------------------------------------------------------------------
-    def begin_upload(self, max_bytes: int) -> S3Upload:
-        return S3Upload(self, max_bytes)
+    def begin_upload(self, max_bytes: int, file_id: str | None = None) -> S3Upload:
+        return S3Upload(self, max_bytes, file_id)
 
     def update_file(self, obj: FileObject) -> None:
         self._put(self._file_key(obj.id, "json"), obj.model_dump_json().encode())
@@ -407,10 +407,10 @@ class S3Upload(Upload):
     """Buffers up to one part in memory; from the first full part on, a multipart upload
     (aborted on `abort`). A file smaller than a part is one `PutObject` at `finish`."""
 
-    def __init__(self, store: S3Store, max_bytes: int) -> None:
+    def __init__(self, store: S3Store, max_bytes: int, file_id: str | None = None) -> None:
         super().__init__(max_bytes)
         self.store = store
-        self._id = new_file_id()
+        self._id = file_id or new_file_id()
         """The file id the parts are uploaded under (finish may name another: then a copy)."""
         self._buf = bytearray()
         self._upload_id: str | None = None

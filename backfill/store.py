@@ -135,7 +135,9 @@ class Store(ABC):
 
     # ---- files ------------------------------------------------------------------------------
     @abstractmethod
-    def begin_upload(self, max_bytes: int) -> Upload: ...
+    def begin_upload(self, max_bytes: int, file_id: str | None = None) -> Upload:
+        """A new upload; `file_id` names the file it will be when known now (finish may
+        still name it; the S3 store then saves a server-side copy of a multipart upload)."""
 
     @abstractmethod
     def get_file(self, file_id: str) -> FileObject | None: ...
@@ -268,8 +270,8 @@ class FileStore(Store):
             raise KeyError(file_id)
         return self._files / f"{file_id}.json"
 
-    def begin_upload(self, max_bytes: int) -> FileUpload:
-        return FileUpload(self, max_bytes)
+    def begin_upload(self, max_bytes: int, file_id: str | None = None) -> FileUpload:
+        return FileUpload(self, max_bytes)  # the name is given by `finish` (a rename)
 
     def _publish(self, data_path: Path, obj: FileObject) -> None:
         """Publish a finished temp file (in this store's directory) as `obj`; an existing file

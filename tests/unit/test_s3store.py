@@ -248,10 +248,33 @@ def test_an_aborted_multipart_upload_leaves_nothing(s3: S3Store) -> None:
 def test_an_output_named_at_finish_lands_under_that_id(s3: S3Store) -> None:
     up = s3.begin_upload(1 << 30)
     up.write(b"y" * (PART + 1))
+    copies: list[dict[str, Any]] = []
+    s3.client.meta.events.register(
+        "provide-client-params.s3.CopyObject", lambda params, **_: copies.append(params)
+    )
     obj = up.finish(workspace="w", filename="o.jsonl", purpose="batch_output", file_id="file-out1")
+    assert len(copies) == 1  # uploaded under a fresh id, then copied to its name
     assert obj.id == "file-out1"
     assert s3.read_file("file-out1") == b"y" * (PART + 1)
     assert s3.keys("files/") == ["files/file-out1.data", "files/file-out1.json"]
+
+
+def test_an_output_named_at_begin_needs_no_copy(s3: S3Store) -> None:
+    copies: list[dict[str, Any]] = []
+    events = s3.client.meta.events
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        copies.append(params)
+
+    events.register("provide-client-params.s3.CopyObject", record)
+    try:
+        up = s3.begin_upload(1 << 30, file_id="file-out2")
+        up.write(b"z" * (PART + 1))
+        up.finish(workspace="w", filename="o.jsonl", purpose="batch_output", file_id="file-out2")
+    finally:
+        events.unregister("provide-client-params.s3.CopyObject", record)
+    assert copies == []
+    assert s3.read_file("file-out2") == b"z" * (PART + 1)
 
 
 def test_a_line_read_is_a_ranged_read_never_the_whole_input(s3: S3Store) -> None:
