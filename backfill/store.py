@@ -25,7 +25,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -214,6 +214,18 @@ class Store(ABC):
     @abstractmethod
     def iter_lines(self, batch_id: str, input_file_id: str) -> Iterator[tuple[int, bytes]]:
         """Every input line in order, by the index (used when assembling outputs)."""
+
+    def settle_results(
+        self, batch_id: str, input_file_id: str, fill: Callable[[int, bytes], bytes]
+    ) -> Iterator[tuple[int, bytes, bytes]]:
+        """Every input line in order with its committed record (finalizing). A line without
+        one gets `fill(line_no, raw)` committed first-writer-wins (a late writer of that line
+        then loses), and the record that won is given."""
+        for line_no, raw in self.iter_lines(batch_id, input_file_id):
+            data = self.get_result(batch_id, line_no)
+            if data is None:
+                data, _ = self.commit_result(batch_id, line_no, fill(line_no, raw))
+            yield line_no, raw, data
 
     # ---- batches: the end --------------------------------------------------------------------
     @abstractmethod

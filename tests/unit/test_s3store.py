@@ -338,3 +338,20 @@ def test_open_store_picks_the_configured_store(
 def test_s3_needs_a_bucket() -> None:
     with pytest.raises(ValueError, match="BACKFILL_S3_BUCKET"):
         Settings(store="s3")
+
+
+def test_settle_results_fills_the_missing_lines_in_order(store: Store) -> None:
+    lines = [f'{{"custom_id":"{i}"}}'.encode() for i in range(300)]
+    data = b"\n".join(lines) + b"\n"
+    file_id = upload(store, data)
+    store.snapshot_input("batch_set", file_id)
+    index(store, "batch_set", data)
+    for n in range(0, 300, 3):
+        store.commit_result("batch_set", n, b"ran-%d" % n)
+    settled = list(store.settle_results("batch_set", file_id, lambda n, raw: b"filled-" + raw))
+    assert [(n, raw) for n, raw, _ in settled] == list(enumerate(lines))
+    assert [rec for _, _, rec in settled] == [
+        b"ran-%d" % n if n % 3 == 0 else b"filled-" + lines[n] for n in range(300)
+    ]
+    # The fills are committed: a late writer of such a line loses to them.
+    assert store.commit_result("batch_set", 1, b"late") == (b"filled-" + lines[1], False)
