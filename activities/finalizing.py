@@ -10,12 +10,12 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.records import END_MESSAGES, custom_id_of, error_record_bytes, outcome_from_record
-from backfill.store import FileStore, Upload
+from backfill.store import Store, Upload
 from workflows.messages import FinalizeInput, FinalizeOutput
 
 
 class FinalizeActivities:
-    def __init__(self, store: FileStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     @activity.defn
@@ -43,15 +43,17 @@ class FinalizeActivities:
         usage = out.usage
         ok_up = self.store.begin_upload(max_bytes=1 << 62)
         err_up = self.store.begin_upload(max_bytes=1 << 62)
+        fill_code = end_code or "internal_error"
+        fill_msg = END_MESSAGES.get(fill_code, "The request has no recorded result.")
+
+        def never_ran(line_no: int, raw: bytes) -> bytes:
+            # Committed like any line's result: a rerun writes the same bytes.
+            return error_record_bytes(custom_id_of(raw, line_no), fill_code, fill_msg)
+
         try:
-            for line_no, raw in self.store.iter_lines(input.batch_id, input.input_file_id):
+            settled = self.store.settle_results(input.batch_id, input.input_file_id, never_ran)
+            for line_no, raw, data in settled:
                 out.total += 1
-                data = self.store.get_result(input.batch_id, line_no)
-                if data is None:
-                    # Committed like any line's result: a rerun writes the same bytes.
-                    code = end_code or "internal_error"
-                    msg = END_MESSAGES.get(code, "The request has no recorded result.")
-                    data = self._commit_error(input.batch_id, line_no, raw, code, msg)
                 outcome = outcome_from_record(line_no, data)
                 if outcome.error_code == "invalid_record":  # unreadable on disk: say so, validly
                     msg = "The request's recorded result could not be read."
@@ -75,11 +77,6 @@ class FinalizeActivities:
             ok_up.abort()
             err_up.abort()
         return out
-
-    def _commit_error(self, batch_id: str, line_no: int, raw: bytes, code: str, msg: str) -> bytes:
-        data = error_record_bytes(custom_id_of(raw, line_no), code, msg)
-        committed, _ = self.store.commit_result(batch_id, line_no, data)
-        return committed
 
     def _publish(self, up: Upload, input: FinalizeInput, kind: str) -> str | None:
         if up.size == 0:

@@ -34,7 +34,7 @@ from activities.records import (
 )
 from backfill import metrics
 from backfill.config import RouteConfig, Settings
-from backfill.store import FileStore
+from backfill.store import Store
 from backfill.usage import UsageEntry, UsageJournal, new_request_id
 from workflows.messages import LineInput, LineOutcome
 
@@ -58,7 +58,7 @@ class LineActivities:
     def __init__(
         self,
         settings: Settings,
-        store: FileStore,
+        store: Store,
         http: httpx.AsyncClient,
         usage: UsageJournal | None = None,
     ) -> None:

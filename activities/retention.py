@@ -2,7 +2,7 @@
 
 A batch's own working data (pinned input, line index, per-line results) is dropped by
 finalizing; an input file expiring under a running batch takes nothing from it, because the
-batch reads its pinned copy (a hard link)."""
+batch reads its pinned copy (a hard link, or an S3 copy)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import time
 
 from temporalio import activity
 
-from backfill.store import FileStore
+from backfill.store import Store
 from workflows.messages import CleanupInput, CleanupOutput
 
 log = logging.getLogger(__name__)
 
 
 class RetentionActivities:
-    def __init__(self, store: FileStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     @activity.defn

@@ -10,12 +10,12 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from activities.input_rules import validate_input as validate_lines
 from backfill.config import Settings
-from backfill.store import FileStore, RouteLines
+from backfill.store import RouteLines, Store
 from workflows.messages import RouteAssignment, ValidateInput, ValidateOutput
 
 
 class ValidationActivities:
-    def __init__(self, settings: Settings, store: FileStore) -> None:
+    def __init__(self, settings: Settings, store: Store) -> None:
         self.settings = settings
         self.store = store
 
@@ -26,7 +26,7 @@ class ValidationActivities:
 
     def _validate(self, input: ValidateInput) -> ValidateOutput:
         allowed = frozenset(input.allowed_models) if input.allowed_models is not None else None
-        with open(self.store.batch_input_path(input.batch_id, input.input_file_id), "rb") as f:
+        with self.store.open_input(input.batch_id, input.input_file_id) as f:
             out = validate_lines(
                 f,
                 batch_id=input.batch_id,

@@ -9,16 +9,16 @@ each call, so they include every api and worker process's attempts once those ar
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from api.admin_batches import AdminReaderDep
-from api.deps import StoreDep
+from api.deps import SettingsDep
 from api.errors import InvalidRequest
 from api.schemas import COMMON_ERRORS, error_responses
-from backfill.store import FileStore
 from backfill.usage import ServiceClass, hourly_totals, read_entries
 
 router = APIRouter(
@@ -48,7 +48,7 @@ class UsageList(BaseModel):
 
 @router.get("/usage", response_model=UsageList)
 async def usage_totals(
-    store: StoreDep,
+    settings: SettingsDep,
     identity: AdminReaderDep,
     workspace: str | None = None,
     start: Annotated[int | None, Query(alias="from", ge=0)] = None,
@@ -59,12 +59,15 @@ async def usage_totals(
     if start is not None and end is not None and end < start:
         raise InvalidRequest("`to` must not be before `from`.", param="to")
 
-    return UsageList(data=await asyncio.to_thread(usage_buckets, store, workspace, start, end))
+    return UsageList(
+        data=await asyncio.to_thread(usage_buckets, settings.data_dir, workspace, start, end)
+    )
 
 
 def usage_buckets(
-    store: FileStore, workspace: str | None, start: int | None, end: int | None
+    data_dir: Path, workspace: str | None, start: int | None, end: int | None
 ) -> list[UsageBucket]:
-    """The journal's hourly totals (blocking: it reads the files). Shared with the console."""
-    rows = hourly_totals(read_entries(store.root, start, end), workspace)
+    """The journal's hourly totals (blocking: it reads the files). Shared with the console.
+    The journal is local to each api's data directory, whichever file store is used."""
+    rows = hourly_totals(read_entries(data_dir, start, end), workspace)
     return [UsageBucket(**vars(r)) for r in rows]

@@ -22,7 +22,7 @@ from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.request_id import RequestIdMiddleware
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill.config import Settings
-from backfill.store import FileStore
+from backfill.store import open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
 
@@ -39,7 +39,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
-        app.state.store = FileStore(settings.data_dir)
+        app.state.store = open_store(settings)
         app.state.usage = UsageJournal(settings.data_dir)
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)

@@ -11,7 +11,7 @@ from temporalio.client import Client
 
 from api.errors import Forbidden, Unauthorized
 from backfill.config import ApiKeyConfig, Role, Settings
-from backfill.store import FileStore
+from backfill.store import Store
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def get_client(request: Request) -> Client:
     return request.app.state.temporal.client()  # type: ignore[no-any-return]
 
 
-def get_store(request: Request) -> FileStore:
+def get_store(request: Request) -> Store:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
@@ -97,6 +97,6 @@ def get_writer(identity: Annotated[Identity, Depends(get_identity)]) -> Identity
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClientDep = Annotated[Client, Depends(get_client)]
-StoreDep = Annotated[FileStore, Depends(get_store)]
+StoreDep = Annotated[Store, Depends(get_store)]
 IdentityDep = Annotated[Identity, Depends(get_identity)]
 WriterDep = Annotated[Identity, Depends(get_writer)]

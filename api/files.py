@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 
 from api import audit
 from api.deps import IdentityDep, SettingsDep, StoreDep
@@ -23,7 +24,7 @@ from api.schemas import (
 from api.upload import read_upload
 from backfill.config import Settings
 from backfill.store import FileObject as StoredFile
-from backfill.store import FileStore
+from backfill.store import Store, chunks
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=COMMON_ERRORS)
 
@@ -77,7 +78,7 @@ async def upload_file(
     return FileObject.of(obj)
 
 
-def storage_room(settings: Settings, store: FileStore, workspace: str) -> int | None:
+def storage_room(settings: Settings, store: Store, workspace: str) -> int | None:
     """Bytes the workspace may still store (None: no limit); 429 when there is no room at all."""
     limit = settings.workspace_limits(workspace).max_stored_bytes
     if limit is None:
@@ -162,7 +163,7 @@ async def retrieve_file(file_id: str, store: StoreDep, identity: IdentityDep) ->
 
 @router.get(
     "/{file_id}/content",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={
         200: {
             "description": "The file's bytes, as uploaded or assembled",
@@ -173,16 +174,31 @@ async def retrieve_file(file_id: str, store: StoreDep, identity: IdentityDep) ->
         **error_responses(403, 404),
     },
 )
-async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> FileResponse:
+async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> StreamingResponse:
     obj = await _visible(store, identity, file_id)
     identity.require_content()
     audit.cross_workspace(identity, "file.content", obj.id, obj.workspace)
-    # FileResponse stats and reads the file in a worker thread (anyio), off the event loop.
-    return FileResponse(
-        store.content_path(obj.id),
+    try:
+        stream = await asyncio.to_thread(store.open_file, obj.id)
+    except FileNotFoundError:  # deleted since its metadata was read
+        raise NotFound(
+            f"No such File object: {file_id}", param="id", code="file_not_found"
+        ) from None
+    # A sync iterator: Starlette reads each chunk in a worker thread, off the event loop, and
+    # closes it (and the stream) if the client goes away. One chunk in memory at a time.
+    return StreamingResponse(
+        chunks(stream),
         media_type="application/octet-stream",
-        filename=obj.filename,
+        headers={"content-length": str(obj.bytes), "content-disposition": _attachment(obj)},
     )
+
+
+def _attachment(obj: StoredFile) -> str:
+    """`Content-Disposition` naming the file (RFC 6266; non-ASCII names percent-encoded)."""
+    quoted = quote(obj.filename)
+    if quoted != obj.filename:
+        return f"attachment; filename*=utf-8''{quoted}"
+    return f'attachment; filename="{obj.filename}"'
 
 
 @router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(403, 404))

@@ -1,8 +1,9 @@
 """Streaming multipart/form-data parsing for `POST /v1/files`.
 
 The file part goes straight into the store as it arrives, with the size cap enforced while
-streaming (FastAPI's UploadFile would spool the whole body first). Parsing and the store's disk
-writes run in a worker thread, one chunk at a time, so a slow disk never stalls the event loop."""
+streaming (FastAPI's UploadFile would spool the whole body first). Parsing and the store's
+writes (disk, or S3 parts) run in a worker thread, one chunk at a time, so a slow disk never
+stalls the event loop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from api.errors import InvalidRequest, PayloadTooLarge
 from api.middleware import BodyTooLarge
-from backfill.store import FileStore, FileTooLarge, Upload
+from backfill.store import FileTooLarge, Store, Upload
 
 MAX_FIELD_BYTES = 4096
 """Largest value of a form field other than the file."""
@@ -33,7 +34,7 @@ class ParsedUpload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-async def read_upload(request: Request, store: FileStore, max_bytes: int) -> ParsedUpload:
+async def read_upload(request: Request, store: Store, max_bytes: int) -> ParsedUpload:
     """Parse the form; the caller must `finish` or `abort` the returned upload."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     boundary = params.get(b"boundary")

@@ -138,7 +138,25 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Field(default=Path("data"), validation_alias="BACKFILL_DATA_DIR")
-    """Root of the file store (uploads, per-line results, outputs)."""
+    """Root of the local file store (uploads, per-line results, outputs) and of the usage
+    journal (which stays local with either store)."""
+    store: Literal["local", "s3"] = Field(default="local", validation_alias="BACKFILL_STORE")
+    """Where files live: `local` (the directory `data_dir`) or `s3` (an S3-compatible bucket;
+    docs/storage.md). S3 credentials come from the standard AWS chain (environment, shared
+    config files, instance or pod roles), never from this file."""
+    s3_bucket: str | None = Field(default=None, validation_alias="BACKFILL_S3_BUCKET")
+    """The bucket (must exist) when `store` is `s3`."""
+    s3_prefix: str = Field(default="", validation_alias="BACKFILL_S3_PREFIX")
+    """Key prefix of every object (e.g. `backfill/`), so one bucket can hold several stores."""
+    s3_endpoint_url: str | None = Field(default=None, validation_alias="BACKFILL_S3_ENDPOINT_URL")
+    """The S3 API's URL for MinIO, Ceph and the like (unset: AWS)."""
+    s3_region: str | None = Field(default=None, validation_alias="BACKFILL_S3_REGION")
+    """The bucket's region (unset: the AWS chain's, e.g. AWS_REGION)."""
+    s3_part_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=5 * 1024 * 1024, validation_alias="BACKFILL_S3_PART_BYTES"
+    )
+    """Part size of multipart uploads, and the most an upload buffers in memory (S3's minimum
+    part is 5 MiB)."""
     temporal_address: str = Field(
         default="127.0.0.1:7233",
         validation_alias="TEMPORAL_ADDRESS",
@@ -261,6 +279,12 @@ class Settings(BaseSettings):
             if k.key_id in seen_keys:
                 raise ValueError(f"api_keys: duplicate key id {k.key_id!r}")
             seen_keys.add(k.key_id)
+        return self
+
+    @model_validator(mode="after")
+    def _s3_bucket_named(self) -> Settings:
+        if self.store == "s3" and not self.s3_bucket:
+            raise ValueError("BACKFILL_STORE is s3 but BACKFILL_S3_BUCKET is not set")
         return self
 
     @property

@@ -24,7 +24,7 @@ from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities, ServerLoadReader
 from activities.validation import ValidationActivities
 from backfill.config import Settings, warn_missing_upstream_keys
-from backfill.store import FileStore
+from backfill.store import Store, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
 from worker.exporter import Exporter
@@ -47,7 +47,7 @@ seconds in the task queue before any worker took them (docs/performance.md)."""
 
 def activities(
     settings: Settings,
-    store: FileStore,
+    store: Store,
     http: httpx.AsyncClient,
     client: Client,
     usage: UsageJournal | None = None,
@@ -73,7 +73,7 @@ async def running_worker(
     client: Client, settings: Settings, *, task_queue: str | None = None
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit."""
-    store = FileStore(settings.data_dir)
+    store = open_store(settings)
     usage = UsageJournal(settings.data_dir)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(usage.close)  # after the worker: its last lines' entries too

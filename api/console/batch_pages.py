@@ -12,7 +12,7 @@ import time
 from typing import Annotated, Literal, get_args
 
 from fastapi import Query, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from api import batches, files
 from api.admin_batches import batch_filters
@@ -133,6 +133,6 @@ async def control_batch(
 
 
 @router.get("/files/{file_id}/content", response_model=None)
-async def download(file_id: str, session: SessionDep, store: StoreDep) -> FileResponse:
+async def download(file_id: str, session: SessionDep, store: StoreDep) -> StreamingResponse:
     """A file's bytes through the session (the same checks as `GET /v1/files/{id}/content`)."""
     return await files.file_content(file_id, store, session.identity)

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from api.admin_usage import UsageBucket, usage_buckets
 from api.console.charts import bar_chart
 from api.console.web import SessionDep, render, router
-from api.deps import StoreDep
+from api.deps import SettingsDep
 
 DAY = 86400
 SERVICE_CLASSES = ("batch", "live")
@@ -65,7 +65,7 @@ def day_labels(now: float, days: int) -> list[str]:
 async def usage_page(
     request: Request,
     session: SessionDep,
-    store: StoreDep,
+    settings: SettingsDep,
     days: Annotated[int, Query(ge=1, le=31)] = 7,
     workspace: str = "",
 ) -> Response:
@@ -74,7 +74,7 @@ async def usage_page(
     now = time.time()
     labels = day_labels(now, days)
     start = int(now) // DAY * DAY - (days - 1) * DAY
-    buckets = await asyncio.to_thread(usage_buckets, store, ws, start, None)
+    buckets = await asyncio.to_thread(usage_buckets, settings.data_dir, ws, start, None)
     rows = daily_rows(buckets)
     per_day: dict[str, dict[str, int]] = defaultdict(dict)
     for r in rows:

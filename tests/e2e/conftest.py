@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, stop_moto
 
 MakeStack = Callable[..., Awaitable[Stack]]
 
@@ -35,3 +36,10 @@ async def make_stack(tmp_path: Path, dev_server: Any) -> AsyncIterator[MakeStack
             return await stacks.enter_async_context(s.running(workers))
 
         yield make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _moto_stopped_at_the_end() -> Iterator[None]:
+    """The S3 runs' moto server (started by the first stack) stops with the session."""
+    yield
+    stop_moto()

@@ -9,7 +9,12 @@ batches it made, whatever ran before it. The api keys (`sk-test-alpha`, ...) are
 stack's own api from its own config, so they never meet another stack's.
 
 `stop()` ends the stack's batches first (cancel, then wait; terminate what does not end) and
-terminates its route schedulers, so nothing a test started keeps running into the next one."""
+terminates its route schedulers, so nothing a test started keeps running into the next one.
+
+The file store is the local directory `<tmp>/data`, or, with `BACKFILL_TEST_STORE=s3` in the
+environment, an S3 bucket on moto's server (one child process per test session, started by the
+first stack), each stack under its own key prefix. Tests look into the store through
+`stack.store()`, the same `Store` interface the api and workers use."""
 
 from __future__ import annotations
 
@@ -17,7 +22,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -31,8 +38,12 @@ from backfill.config import hash_key
 from backfill.dev.devserver import connect_client
 from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.ids import scheduler_workflow_id
+from backfill.s3store import S3Store
 from backfill.sim import SimConfig, SimServer
+from backfill.store import FileStore, Store
 from tests.polling import PollTimeout, poll_until
+from tests.s3server import BUCKET, CREDENTIALS, REGION, MotoProcess
+from tests.s3server import client as s3_client
 from workflows.batch import BatchWorkflow
 
 log = logging.getLogger(__name__)
@@ -48,6 +59,34 @@ KEYS = {
 }
 KEY_MODELS = {"sk-test-limited": ["other"]}
 """Keys restricted to some models (the others may use every model)."""
+S3_PART_BYTES = 5 * 1024 * 1024
+"""The smallest part S3 allows: uploads of more than this go multipart in the e2e runs."""
+
+_moto: MotoProcess | None = None
+
+
+def store_kind() -> str:
+    """`local` or `s3`: the store the e2e stacks run on (`BACKFILL_TEST_STORE`)."""
+    kind = os.environ.get("BACKFILL_TEST_STORE", "local")
+    if kind not in ("local", "s3"):
+        raise ValueError(f"BACKFILL_TEST_STORE must be local or s3, not {kind!r}")
+    return kind
+
+
+def moto_server() -> MotoProcess:
+    """The session's moto S3 server, started on first use (stopped by `stop_moto`)."""
+    global _moto
+    if _moto is None:
+        log_path = Path(tempfile.gettempdir()) / f"backfill-e2e-moto-{os.getpid()}.log"
+        _moto = MotoProcess(log_path).start()
+    return _moto
+
+
+def stop_moto() -> None:
+    global _moto
+    if _moto is not None:
+        _moto.stop()
+        _moto = None
 
 
 class Stack:
@@ -103,6 +142,9 @@ class Stack:
         self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
         self.workspace_limits = workspace_limits or {}
         """`[workspaces.<name>]` tables by short workspace name (`alpha`, or `default`)."""
+        self.store_kind = store_kind()
+        self.s3_url = moto_server().url if self.store_kind == "s3" else None
+        self.s3_prefix = f"stack-{self.suffix}/"
 
     @property
     def sims(self) -> list[SimServer]:
@@ -124,8 +166,35 @@ class Stack:
             "BACKFILL_SCHEDULER_RECONCILE_SECONDS": str(self.reconcile_seconds),
             # No retention Schedule per test stack on the shared server (test_retention's own).
             "BACKFILL_CLEANUP_INTERVAL_SECONDS": "0",
+            **self.store_env(),
             **self.extra_env,
         }
+
+    def store_env(self) -> dict[str, str]:
+        """The S3 settings and (fake) credentials, or nothing for the local store."""
+        if self.s3_url is None:
+            return {}
+        return {
+            "BACKFILL_STORE": "s3",
+            "BACKFILL_S3_ENDPOINT_URL": self.s3_url,
+            "BACKFILL_S3_BUCKET": BUCKET,
+            "BACKFILL_S3_PREFIX": self.s3_prefix,
+            "BACKFILL_S3_REGION": REGION,
+            "BACKFILL_S3_PART_BYTES": str(S3_PART_BYTES),
+            **CREDENTIALS,
+        }
+
+    def store(self) -> Store:
+        """The stack's file store, as its api and workers see it."""
+        if self.s3_url is None:
+            return FileStore(self.tmp / "data")
+        return S3Store(s3_client(self.s3_url), BUCKET, self.s3_prefix, S3_PART_BYTES)
+
+    def s3_object(self, name: str) -> bytes:
+        """The bytes of one object of the stack's store (`name` as `store().keys` gives it)."""
+        assert self.s3_url is not None
+        resp = s3_client(self.s3_url).get_object(Bucket=BUCKET, Key=self.s3_prefix + name)
+        return resp["Body"].read()  # type: ignore[no-any-return]
 
     def write_config(self) -> None:
         """(Re)write the config file from routes, cap, limits and keys (read at process start)."""

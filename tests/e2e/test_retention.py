@@ -11,7 +11,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from backfill.store import FileStore
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, jsonl, output_ids, wait_terminal
 from worker.retention import schedule_id
@@ -55,15 +54,13 @@ async def test_the_schedule_deletes_expired_files_and_a_finished_batch_keeps_onl
         assert done.status == "completed"
         ids, _ = await output_ids(client, done)
         assert sorted(ids) == sorted(f"req-{i}" for i in range(5))
-        work = tmp_path / "data" / "batches" / batch.id
-        assert sorted(p.name for p in work.iterdir()) == ["finalized.json"]
+        store = stack.store()
+        assert store.keys(f"batches/{batch.id}/") == [f"batches/{batch.id}/finalized.json"]
 
         # The input expires (made due here rather than waiting 30 days); the output does not.
-        store = FileStore(tmp_path / "data")
         meta = store.get_file(f.id)
         assert meta is not None
-        due = meta.model_copy(update={"expires_at": int(time.time()) - 1})
-        (tmp_path / "data" / "files" / f"{f.id}.json").write_text(due.model_dump_json())
+        store.update_file(meta.model_copy(update={"expires_at": int(time.time()) - 1}))
 
         temporal = await dev_server.client()
         handle = temporal.get_schedule_handle(schedule_id(stack.task_queue))

@@ -247,3 +247,12 @@ async def test_every_endpoint_with_every_role(stack: Stack, dev_server: Any) -> 
         data = path.read_bytes()
         for key in ROLE:
             assert key.encode() not in data, (key, path)
+    # Nor in the store's objects, when the store is a bucket rather than that directory.
+    if stack.store_kind == "s3":
+        store = stack.store()
+        stored = store.keys("")
+        assert any(name.startswith("files/") for name in stored), stored
+        for name in stored:
+            data = stack.s3_object(name)
+            for key in ROLE:
+                assert key.encode() not in data, (key, name)

@@ -25,7 +25,7 @@ def upload(store: FileStore, data: bytes, cap: int = 1 << 20) -> str:
 def test_files_are_0600_and_directories_0750(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "s")
     file_id = upload(store, b'{"a":1}\n')
-    assert mode(store.content_path(file_id)) == 0o600
+    assert mode(store.root / "files" / f"{file_id}.data") == 0o600
     assert mode(tmp_path / "s" / "files" / f"{file_id}.json") == 0o600
     for d in (tmp_path / "s", tmp_path / "s" / "files", tmp_path / "s" / "batches"):
         assert mode(d) == 0o750

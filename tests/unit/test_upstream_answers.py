@@ -146,11 +146,11 @@ def test_finalizing_cannot_fail_on_an_unreadable_record_and_reruns_write_the_sam
     inp = FinalizeInput(batch_id=BATCH, workspace="w", input_file_id=file_id, reason="cancelled")
     first = fin._finalize(inp)
     assert (first.total, first.completed, first.failed) == (3, 1, 2)
-    errors = store.content_path(first.error_file_id or "").read_bytes()
+    errors = store.read_file(first.error_file_id or "")
     lines = [STRICT_JSON.decode(x) for x in errors.decode().splitlines()]
     assert [e["error"]["code"] for e in lines] == ["internal_error", "batch_cancelled"]
     again = fin._finalize(inp)
-    assert store.content_path(again.error_file_id or "").read_bytes() == errors
+    assert store.read_file(again.error_file_id or "") == errors
 
 
 # ---- property tests ---------------------------------------------------------------------------

@@ -173,7 +173,7 @@ class Harness:
     def records(self, file_id: str | None) -> list[dict[str, Any]]:
         if file_id is None:
             return []
-        text = self.store.content_path(file_id).read_text()
+        text = self.store.read_file(file_id).decode()
         return [json.loads(line) for line in text.splitlines()]
 
     async def scheduler_batches(self) -> dict[str, int] | None:

@@ -163,7 +163,7 @@ async def start_batch(h: Harness, n: int, window: str) -> tuple[str, int]:
 
 async def error_records(h: Harness, file_id: str | None) -> list[dict[str, object]]:
     assert file_id is not None
-    text = h.store.content_path(file_id).read_text()
+    text = h.store.read_file(file_id).decode()
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -186,7 +186,7 @@ async def test_batch_expires_with_partial_results(
     assert batch.request_counts.total == 10
     assert batch.request_counts.completed == 4 and batch.request_counts.failed == 6
     assert batch.output_file_id is not None
-    out = h.store.content_path(batch.output_file_id).read_text().splitlines()
+    out = h.store.read_file(batch.output_file_id).decode().splitlines()
     assert sorted(json.loads(x)["custom_id"] for x in out) == ["c0", "c1", "c2", "c3"]
     errors = await error_records(h, batch.error_file_id)
     assert [e["custom_id"] for e in errors] == [f"c{i}" for i in range(4, 10)]

@@ -70,9 +70,7 @@ async def test_a_line_lost_again_and_again_ends_as_line_lost(
     assert lose.losses == MAX_LOST_ATTEMPTS
     assert len(lose.give_ups) == 1 and lose.give_ups[0].give_up_code == "line_lost"
     assert batch.error_file_id is not None
-    errors = [
-        json.loads(x) for x in h.store.content_path(batch.error_file_id).read_text().splitlines()
-    ]
+    errors = [json.loads(x) for x in h.store.read_file(batch.error_file_id).decode().splitlines()]
     assert [e["custom_id"] for e in errors] == [f"c{LOST_LINE}"]
     assert errors[0]["response"] is None and errors[0]["error"]["code"] == "line_lost"
     assert f"lost {MAX_LOST_ATTEMPTS} times" in errors[0]["error"]["message"]
