@@ -202,6 +202,15 @@ async def cancel_batch(batch_id: str, client: ClientDep, identity: IdentityDep) 
     handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     try:
         return await handle.execute_update(BatchWorkflow.cancel_now)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        # The batch ended between the read above and the update ("workflow execution already
+        # completed"): the same answer as a cancel of an ended batch.
+        ended = await _load(client, batch_id, await _describe(client, identity, batch_id))
+        raise Conflict(
+            f"Cannot cancel a batch with status '{ended.status}'.", code="invalid_batch_status"
+        ) from None
     except WorkflowUpdateFailedError as err:
         # The workflow refused (e.g. it ended or changed status meanwhile): say so, not 500.
         log.warning("cancel of %s refused by the workflow: %s", batch_id, err.cause)

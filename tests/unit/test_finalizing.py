@@ -78,7 +78,7 @@ def test_finalizing_streams_its_files_in_bounded_memory(
         up.write(json.dumps(req).encode() + b"\n")
     file_id = up.finish(workspace="w", filename="in.jsonl", purpose="batch").id
     store.snapshot_input(BATCH, file_id)
-    with open(store.batch_input_path(BATCH, file_id), "rb") as f:
+    with store.open_input(BATCH, file_id) as f:
         index = validate_input(
             f, batch_id=BATCH, endpoint="/v1/chat/completions", settings=settings
         )

@@ -99,7 +99,7 @@ async def events_per_run(client: Client, handle: WorkflowHandle[BatchWorkflow, B
 
 def output_ids(h: Harness, batch: Batch) -> list[str]:
     assert batch.output_file_id is not None
-    text = h.store.content_path(batch.output_file_id).read_text()
+    text = h.store.read_file(batch.output_file_id).decode()
     return [json.loads(line)["custom_id"] for line in text.splitlines()]
 
 
