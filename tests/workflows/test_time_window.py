@@ -20,6 +20,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from backfill.ids import scheduler_workflow_id
+from tests.polling import poll_until
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows import refs
 from workflows.batch import BatchWorkflow
@@ -104,8 +105,21 @@ async def test_a_batch_waits_for_its_window_and_stops_starting_lines_when_it_clo
 
     batch_id, _ = await start_batch(h, 3, "72h")  # 3 lines × 6 attempts × 50 min ≈ 15 h
     handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
-    # Skip time an hour at a time (this server does not skip while a client waits on a result).
+
+    async def settled() -> bool:
+        """The batch ended, or holds no allotment: every signal of the last refusal (batch to
+        scheduler, the scheduler's revoke back, the batch's ack) has been handled. A skip of
+        time forced before that could fire the lane's 1 s back-off ahead of the route-wide one
+        (seen once in CI on a loaded machine: every line attempted in each 50-minute slot)."""
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return True
+        status = await scheduler.query(refs.RouteSchedulerWorkflow.status)
+        return all(b.allotment == 0 and b.held == 0 for b in status.batches)
+
+    # Skip time an hour at a time (this server does not skip while a client waits on a result),
+    # each skip once the workflows have settled.
     for _ in range(48):
+        await poll_until(settled, timeout=60, what="the batch and its scheduler to settle")
         if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
             break
         await h.env.sleep(timedelta(hours=1))
