@@ -51,8 +51,18 @@ chromium:
 
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
 # A run that collected no test fails (pytest exits 5): a green run must have tested something.
+# The e2e suite runs twice: on the local store with everything else, and at the same time on the
+# S3 store against moto's server (BACKFILL_TEST_STORE=s3, docs/storage.md), its output printed
+# after the first run's. e2e tests mostly wait on their stacks, so the two overlap well on 2 cores.
 test: lint promtool chromium
-	$(BIN)/pytest -q
+	@s3tmp=$$(mktemp -d); \
+	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q -p no:cacheprovider --basetemp=$$s3tmp/t tests/e2e \
+		> $$s3tmp/log 2>&1 & s3=$$!; \
+	$(BIN)/pytest -q; here=$$?; \
+	wait $$s3; s3rc=$$?; \
+	echo "== tests/e2e on the S3 store (moto server), exit $$s3rc"; cat $$s3tmp/log; rm -rf $$s3tmp; \
+	echo "== exit: everything on the local store $$here, e2e on the S3 store $$s3rc"; \
+	[ $$here = 0 ] && [ $$s3rc = 0 ]
 
 fmt: venv
 	$(BIN)/ruff format .
