@@ -79,6 +79,10 @@ without files, and must replay so (docs/decisions/0008)."""
 ROUTE_WIDE_BACKOFF = "route-wide-backoff"
 """Patch: a rate-limited line also signals the route's scheduler (added after batches were
 running), so every batch on the route backs off."""
+LANE_HONOURS_RETRY_AFTER = "lane-honours-retry-after"
+"""Patch: a Retry-After also holds the batch's own lane that long (before, the lane waited
+1 s doubling and only the scheduler's route-wide back-off honoured Retry-After, so a next line
+could start before the scheduler's signal arrived)."""
 STATUS_MEMO_PATCH = "status-memo"
 """Patch: each status change also upserts the batch's compact status into its memo
 (`STATUS_MEMO`), so the api can answer a retrieve without a worker. A new command: runs from
@@ -313,7 +317,10 @@ class BatchWorkflow:
         else:
             if outcome.retry:
                 lane.requeue(position, tries.model_copy(update={"retries": tries.retries + 1}))
-                lane.back_off(workflow.now().timestamp())
+                # Retry-After holds this batch's lane too, not only (once the scheduler has
+                # the signal) the route: no next line before it, whatever the signal's delay.
+                honoured = workflow.patched(LANE_HONOURS_RETRY_AFTER)
+                lane.back_off(workflow.now().timestamp(), outcome.retry_after if honoured else None)
                 if workflow.patched(ROUTE_WIDE_BACKOFF):
                     await self._signal_rate_limited(lane, outcome.retry_after)
             else:

@@ -87,6 +87,19 @@ def live_expiry(counts: dict[str, LiveCount], now: float) -> float | None:
     return min(future) if future else None
 
 
+MAX_RETRY_AFTER_SECONDS = 3600.0
+"""The longest Retry-After honoured (a longer one is read as this)."""
+
+
+def backoff_delay(level: int, retry_after: float | None) -> float:
+    """Seconds to hold back after a refusal: 1 s doubling with `level` to 60 s, or the
+    upstream's Retry-After (at most an hour) when that is longer."""
+    delay = min(MAX_BACKOFF_SECONDS, 2.0**level)
+    if retry_after is not None and retry_after > 0:
+        delay = max(delay, min(retry_after, MAX_RETRY_AFTER_SECONDS))
+    return delay
+
+
 def back_off(
     b: Backoff, now: float, retry_after: float | None, consecutive: int | None = None
 ) -> Backoff:
@@ -103,10 +116,7 @@ def back_off(
         level = 0
     else:
         level = b.level
-    delay = min(MAX_BACKOFF_SECONDS, 2.0**level)
-    if retry_after is not None and retry_after > 0:
-        delay = max(delay, min(retry_after, 3600.0))
-    until = now + delay
+    until = now + backoff_delay(level, retry_after)
     if b.until is not None and b.until > until:
         until = b.until  # an earlier, longer back-off still holds
     return Backoff(until=until, level=level + 1, last_at=now)

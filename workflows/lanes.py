@@ -9,8 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from backfill.ids import scheduler_workflow_id
-
-MAX_BACKOFF_SECONDS = 60.0
+from workflows.gates import backoff_delay
 
 
 class Tries(BaseModel):
@@ -90,10 +89,11 @@ class Lane(BaseModel):
         self.finished += 1
         self.backoff_level = 0
 
-    def back_off(self, now: float) -> None:
-        """429/503/refused: no new line on this route for a while (doubling, capped)."""
+    def back_off(self, now: float, retry_after: float | None = None) -> None:
+        """429/503/refused: no new line on this route for a while (doubling, capped), or for
+        the upstream's Retry-After when given and longer."""
         self.backoff_level += 1
-        self.backoff_until = now + min(MAX_BACKOFF_SECONDS, 2.0 ** (self.backoff_level - 1))
+        self.backoff_until = now + backoff_delay(self.backoff_level - 1, retry_after)
 
     def stop(self) -> None:
         self.stopped = True

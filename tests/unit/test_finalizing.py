@@ -103,4 +103,6 @@ def test_finalizing_streams_its_files_in_bounded_memory(
     assert (out.total, out.completed, out.failed) == (n, n - n // 4, n // 4)
     ok = store.get_file(out.output_file_id or "")
     assert ok is not None and ok.bytes > 7_000_000
-    assert peak < 2 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    # Alone this peaks at ~0.14 MiB; tracemalloc also counts other threads of the test process
+    # (3.8 MiB once in CI's random order). Keeping the 10 MB of records would exceed 5 MiB.
+    assert peak < 5 * 2**20, f"peak {peak / 2**20:.1f} MiB"

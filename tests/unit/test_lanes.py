@@ -45,6 +45,17 @@ def test_backoff_blocks_starts_until_it_passes_and_doubles() -> None:
     assert ln.backoff_until == 60.0
 
 
+def test_a_retry_after_holds_the_lane_that_long_capped_at_an_hour() -> None:
+    ln = lane()
+    ln.set_allotment(1, 2)
+    ln.back_off(100.0, retry_after=3000.0)  # no next line before the upstream said
+    assert not ln.can_start(3099.0) and ln.can_start(3100.0)
+    ln.back_off(0.0, retry_after=0.5)  # shorter than the doubling: the doubling wins
+    assert ln.backoff_until == 2.0
+    ln.back_off(0.0, retry_after=86400.0)
+    assert ln.backoff_until == 3600.0
+
+
 def test_stale_allotments_are_ignored_and_shrinks_need_ack() -> None:
     ln = lane()
     ln.set_allotment(2, 4)
