@@ -22,8 +22,16 @@ class Alarm:
     def at(self) -> float | None:
         return self._at
 
-    def set(self, at: float | None) -> None:
-        """Ring at `at` (unix seconds, workflow time), or never with None."""
+    def set(self, at: float | None, *, ring_if_past: bool = False) -> None:
+        """Ring at `at` (unix seconds, workflow time), or never with None.
+
+        `ring_if_past`: a deadline already reached rings now, in this activation, instead of on
+        a one-millisecond timer (which woke the workflow in a new task, and which the
+        time-skipping test server could not cancel once it had fired)."""
+        if ring_if_past and at is not None and at <= workflow.now().timestamp():
+            self.set(None)
+            self._on_ring()
+            return
         if at == self._at and (at is None or self._task is not None):
             return
         if self._task is not None:

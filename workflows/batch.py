@@ -83,6 +83,15 @@ LANE_HONOURS_RETRY_AFTER = "lane-honours-retry-after"
 """Patch: a Retry-After also holds the batch's own lane that long (before, the lane waited
 1 s doubling and only the scheduler's route-wide back-off honoured Retry-After, so a next line
 could start before the scheduler's signal arrived)."""
+ALARMS_ON_TIME = "alarms-on-time"
+"""Patch: the batch's alarm never rings for a deadline already passed. Before, (1) a keep-alive's
+deadline was compared in whole seconds (`_now()`), so for up to a second after it the alarm,
+already past, rang again on a one-millisecond timer: hundreds of timers per hourly keep-alive
+while a batch waited for a slot (a 36-hour wait for a time window grew a 3-line batch to 21,614
+events); (2) a paused, ending or draining batch kept a passed back-off as its next deadline and
+rang for it every millisecond until it resumed or ended; (3) a deadline passed during the loop's
+own awaits cost a one-millisecond timer. Now keep-alives compare exact times, back-offs count
+only while lines may start, and a passed deadline rings in the same activation."""
 STATUS_MEMO_PATCH = "status-memo"
 """Patch: each status change also upserts the batch's compact status into its memo
 (`STATUS_MEMO`), so the api can answer a retrieve without a worker. A new command: runs from
@@ -133,7 +142,7 @@ class BatchWorkflow:
             try:
                 await self._report_demands()
                 self._update_summary()
-                self._alarm.set(self._next_wakeup())
+                self._set_alarm()
                 await workflow.wait_condition(lambda: self._dirty)
             except asyncio.CancelledError:
                 # Cancelled from the Temporal UI or `temporal workflow cancel`: the same as the
@@ -242,13 +251,25 @@ class BatchWorkflow:
             workflow.upsert_search_attributes([sa.MODELS.value_set(out.models)])
         self._set_status_attribute()
 
-    def _next_wakeup(self) -> float | None:
-        return next_wakeup(
-            self._lanes,
-            expires_at=self._b.expires_at or 0,
-            ending=self._ending,
-            quiet=self._quiet,
-        )
+    def _set_alarm(self) -> None:
+        """Wake the main loop at the next deadline (see `ALARMS_ON_TIME` for the two rules; the
+        patch is asked only where they differ)."""
+
+        def wakeup(backoffs_when_quiet: bool) -> float | None:
+            return next_wakeup(
+                self._lanes,
+                expires_at=self._b.expires_at or 0,
+                ending=self._ending,
+                quiet=self._quiet,
+                backoffs_when_quiet=backoffs_when_quiet,
+            )
+
+        before, after = wakeup(True), wakeup(False)
+        passed = after is not None and after <= workflow.now().timestamp()
+        if (after != before or passed) and workflow.patched(ALARMS_ON_TIME):
+            self._alarm.set(after, ring_if_past=True)
+        else:
+            self._alarm.set(before)
 
     @property
     def _quiet(self) -> bool:
@@ -372,7 +393,7 @@ class BatchWorkflow:
                 await self._signal_ack(lane, epoch)
             wanted = demand_to_report(lane, halt=halt and not self._draining)
             keepalive = keepalive_due(lane, quiet=self._quiet)
-            if wanted is None and keepalive is not None and _now() >= keepalive:
+            if wanted is None and keepalive is not None and _reached(keepalive):
                 wanted = lane.reported
             if wanted is None:
                 continue
@@ -570,3 +591,11 @@ def _shown_state(b: Batch) -> str:
 
 def _now() -> int:
     return int(workflow.now().timestamp())
+
+
+def _reached(deadline: float) -> bool:
+    """Workflow time has reached `deadline` (unix seconds). Runs from before `ALARMS_ON_TIME`
+    compared whole seconds; the patch is asked only where the two answers differ."""
+    if _now() >= deadline:
+        return True
+    return workflow.now().timestamp() >= deadline and workflow.patched(ALARMS_ON_TIME)

@@ -203,13 +203,24 @@ def keepalive_due(lane: Lane, *, quiet: bool) -> float | None:
     return lane.reported_at + KEEPALIVE_SECONDS
 
 
-def next_wakeup(lanes: list[Lane], *, expires_at: int, ending: bool, quiet: bool) -> float | None:
-    """The earliest deadline: expiry (unless ending), a route's backoff, or a keep-alive."""
+def next_wakeup(
+    lanes: list[Lane],
+    *,
+    expires_at: int,
+    ending: bool,
+    quiet: bool,
+    backoffs_when_quiet: bool = True,
+) -> float | None:
+    """The earliest deadline: expiry (unless ending), a route's backoff, or a keep-alive.
+
+    `backoffs_when_quiet=False` (the `alarms-on-time` rule): a back-off's end matters only while
+    lines may start; a paused, ending or draining batch starts none when it passes, so waking
+    for it is waste (and, once passed, a deadline the old rule kept ringing for)."""
     candidates: list[float] = []
     if not ending:
         candidates.append(float(expires_at))
     for lane in lanes:
-        if lane.backoff_until is not None:
+        if lane.backoff_until is not None and (backoffs_when_quiet or not quiet):
             candidates.append(lane.backoff_until)
         keepalive = keepalive_due(lane, quiet=quiet)
         if keepalive is not None:

@@ -229,3 +229,22 @@ def test_the_status_memo_holds_status_counts_and_times_and_nothing_large() -> No
     assert memo["request_counts"] == {"total": 30, "completed": 4, "failed": 1}
     assert "metadata" not in memo and "backfill" not in memo and "errors" not in memo
     assert Batch.model_validate({**b.model_dump(), **memo}) == b
+
+
+def test_a_back_off_wakes_a_batch_only_while_lines_may_start() -> None:
+    backoff = lane(backoff_until=float(NOW + 5))
+    expires = NOW + 3600
+    for quiet in (False, True):  # the rule before `alarms-on-time`: always
+        assert next_wakeup([backoff], expires_at=expires, ending=False, quiet=quiet) == NOW + 5
+    assert (
+        next_wakeup(
+            [backoff], expires_at=expires, ending=False, quiet=False, backoffs_when_quiet=False
+        )
+        == NOW + 5
+    )
+    assert (
+        next_wakeup(
+            [backoff], expires_at=expires, ending=False, quiet=True, backoffs_when_quiet=False
+        )
+        == expires
+    )

@@ -16,15 +16,17 @@ from zoneinfo import ZoneInfo
 import pytest
 import pytest_asyncio
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from backfill.batches import Batch
 from backfill.ids import scheduler_workflow_id
 from tests.polling import poll_until
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows import refs
 from workflows.batch import BatchWorkflow
-from workflows.messages import LineInput, LineOutcome, RouteSettings, SchedulerInput
+from workflows.messages import LineInput, LineOutcome, PauseRequest, RouteSettings, SchedulerInput
 from workflows.windows import TimeWindow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -62,6 +64,11 @@ async def slow(tmp_path: Path) -> AsyncIterator[SlowLines]:
     async with harness_worker(h, h.run_line):
         yield h
     await env.shutdown()
+
+
+async def timers_started(handle: WorkflowHandle[BatchWorkflow, Batch]) -> int:
+    history = await handle.fetch_history()
+    return sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
 
 
 def local(t: datetime) -> datetime:
@@ -125,6 +132,11 @@ async def test_a_batch_waits_for_its_window_and_stops_starting_lines_when_it_clo
         await h.env.sleep(timedelta(hours=1))
     batch = await handle.result()
     assert batch.status == "completed" and batch.request_counts.completed == 3
+    # A day and a half of waiting for slots costs a bounded history: one demand keep-alive an
+    # hour, no timer storm (before `keepalive-on-time`, each keep-alive rang a past alarm every
+    # millisecond for up to a second: 21,614 events here).
+    timers = await timers_started(handle)
+    assert timers < 150, timers  # 84 here: back-offs, keep-alives, expiry re-armed
 
     starts = sorted(local(t) for t in h.starts)
     assert len(starts) == 3 * 6
@@ -138,3 +150,26 @@ async def test_a_batch_waits_for_its_window_and_stops_starting_lines_when_it_clo
     before = [t for t in starts if t < closing]
     after = [t for t in starts if t >= closing]
     assert before and after and after[0] >= closing.replace(hour=19)
+
+
+async def test_a_batch_paused_while_backing_off_sleeps_until_resumed(slow: SlowLines) -> None:
+    """Paused during a 50-minute Retry-After, a batch sets no timer once the back-off has passed
+    (before `alarms-on-time` it rang for the passed deadline every millisecond until resumed),
+    and on resume runs the line again at once."""
+    h = slow
+    batch_id, _ = await start_batch(h, 1, "24h")
+    handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
+    await poll_until(lambda: len(h.starts) == 1, timeout=60, what="the first attempt")
+    await handle.signal(BatchWorkflow.pause, PauseRequest(by="test"))
+
+    async def paused() -> bool:
+        return (await handle.query(BatchWorkflow.describe)).backfill.paused
+
+    await poll_until(paused, timeout=60, what="the batch to pause")
+    before = await timers_started(handle)
+    await h.env.sleep(timedelta(hours=2))  # the back-off ends an hour into this, paused
+    assert await timers_started(handle) - before <= 3
+    assert len(h.starts) == 1
+
+    await handle.signal(BatchWorkflow.resume)
+    await poll_until(lambda: len(h.starts) == 2, timeout=60, what="the retry after resuming")
