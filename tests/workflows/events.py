@@ -49,6 +49,21 @@ def signaled(name: str) -> Callable[[HistoryEvent], bool]:
     return lambda e: e.workflow_execution_signaled_event_attributes.signal_name == name
 
 
+def patch_marker(patch_id: str) -> Callable[[HistoryEvent], bool]:
+    """A MARKER_RECORDED event that records `workflow.patched(patch_id)` (the SDK's
+    `core_patch` marker, whose `patch-data` payload names the patch)."""
+
+    def names_it(e: HistoryEvent) -> bool:
+        a = e.marker_recorded_event_attributes
+        if a.marker_name != "core_patch" or "patch-data" not in a.details:
+            return False
+        return any(
+            json.loads(p.data).get("id") == patch_id for p in a.details["patch-data"].payloads
+        )
+
+    return names_it
+
+
 def updated(name: str) -> Callable[[HistoryEvent], bool]:
     return lambda e: (
         e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == name

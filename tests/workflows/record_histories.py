@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,11 +40,12 @@ from tests.workflows.events import (
     activity_names,
     completed_result,
     find,
+    patch_marker,
     require,
     signaled,
     updated,
 )
-from workflows.batch import BatchWorkflow
+from workflows.batch import ALARMS_ON_TIME, BatchWorkflow
 
 OUT = Path(__file__).parent / "histories"
 VERSION = "v1"
@@ -201,6 +203,82 @@ async def batch_backoff(stack: Stack, temporal: Client) -> None:
     save("batch_backoff", h)
 
 
+async def batch_paused_in_backoff(stack: Stack, temporal: Client) -> None:
+    """Two 429s with a short Retry-After; the batch is paused while its lane backs off, stays
+    paused until the back-off has passed, then resumes and completes. Under `alarms-on-time` the
+    paused batch stops waiting on its back-off (runs from before it kept that deadline, and rang
+    for it every millisecond once passed)."""
+    scheduling = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
+    async with (
+        httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}) as http,
+        httpx.AsyncClient(headers={"Authorization": "Bearer sk-test-admin"}) as admin,
+    ):
+        r = await http.post(
+            f"{stack.sim.url}/sim/faults", json={"status": 429, "count": 2, "retry_after": 3}
+        )
+        assert r.status_code == 200, r.text
+
+        async def route_backoff() -> int | None:
+            """The route's back-off end (the scheduler's, told by the batch once its lane has
+            backed off), while it holds."""
+            r = await admin.get(scheduling)
+            assert r.status_code == 200, r.text
+            until_: int | None = r.json()["status"]["backoff_until"]
+            return until_
+
+        batch_id = await submit(stack, 6, prefix="pausedbo")
+        handle = temporal.get_workflow_handle(batch_id)
+        await until(route_backoff, lambda t: t is not None, "the route to back off")
+        r = await http.post(f"{stack.api_url}/v1/batches/{batch_id}/pause")
+        assert r.status_code == 200, r.text
+
+        def dropped_backoff(h: WorkflowHistory) -> bool:
+            """The pause is in the history, and after it the patch marker: the paused batch
+            asked `alarms-on-time` (its back-off still pending) and stopped waiting on it."""
+            paused = find(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, signaled("pause"))
+            marker = find(h, E.EVENT_TYPE_MARKER_RECORDED, patch_marker(ALARMS_ON_TIME))
+            return 0 <= paused < marker
+
+        h = await until(handle.fetch_history, dropped_backoff, "the paused batch's patch marker")
+        # The lane's back-off ends when its timer (the last one before the pause) would fire:
+        # workflow time, i.e. the dev server's clock, which is this host's.
+        paused = find(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, signaled("pause"))
+        timer = h.events[
+            max(
+                i
+                for i, e in enumerate(h.events[:paused])
+                if e.event_type == E.EVENT_TYPE_TIMER_STARTED
+            )
+        ]
+        delay = timer.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds() / 1e9
+        assert delay < 60, f"the last timer before the pause ({delay} s) is no back-off"
+        ends = timer.event_time.ToNanoseconds() / 1e9 + delay
+        await poll_until(time.time, lambda t: t > ends, timeout=120, what="the back-off's end")
+        b = await stack.client().batches.retrieve(batch_id)
+        assert b.status == "in_progress" and (b.model_extra or {})["backfill"]["paused"], b
+        r = await http.post(f"{stack.api_url}/v1/batches/{batch_id}/resume")
+        assert r.status_code == 200, r.text
+    b = await wait_terminal(stack.client(), batch_id)
+    assert b.status == "completed" and b.request_counts.completed == 6, b
+    h = await handle.fetch_history()
+    require(
+        h,
+        E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+        "line answered 'retry'",
+        lambda e: (completed_result(e) or {}).get("retry") is True,
+    )
+    paused = require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "pause signal", signaled("pause"))
+    resumed = require(
+        h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "resume signal", signaled("resume")
+    )
+    marker = require(
+        h, E.EVENT_TYPE_MARKER_RECORDED, f"{ALARMS_ON_TIME} marker", patch_marker(ALARMS_ON_TIME)
+    )
+    assert paused < marker < resumed, (paused, marker, resumed)
+    assert h.events[resumed].event_time.ToNanoseconds() / 1e9 > ends, "resumed within back-off"
+    save("batch_paused_in_backoff", h)
+
+
 async def batch_line_lost(stack: Stack, temporal: Client) -> None:
     """The worker running lines is SIGKILLed: the lines' activities time out and are requeued."""
     stack.sim.app.config.latency_ms = 3000
@@ -250,6 +328,7 @@ ONE_STACK: dict[str, Callable[[Stack, Client], Awaitable[None]]] = {
         batch_workflow_cancel_requested,
         batch_cancel_while_validating,
         batch_backoff,
+        batch_paused_in_backoff,
         batch_line_lost,
         route_scheduler_set_settings,
         route_scheduler,  # last: after the others' traffic

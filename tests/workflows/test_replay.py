@@ -40,6 +40,8 @@ def test_histories_exist() -> None:
         "batch_workflow_cancel_requested.v1",
         "batch_cancel_while_validating.v1",
         "batch_backoff.v1",
+        # paused while backing off, resumed after the back-off's end (patch alarms-on-time)
+        "batch_paused_in_backoff.v1",
         "batch_line_lost.v1",
         "route_scheduler_set_settings.v1",
         "batch_continue_as_new_chain.run01.v1",
