@@ -19,6 +19,8 @@ from openai.types import Batch as SDKBatch
 from tests.e2e.stack import Stack, assert_error, auth, jsonl, wait_terminal
 from tests.polling import poll_until
 
+pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
+
 ALPHA, BETA, GAMMA = "sk-test-alpha", "sk-test-beta", "sk-test-gamma"
 ENDPOINT = "/v1/chat/completions"
 TINY_LINE = (

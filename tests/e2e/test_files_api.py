@@ -22,6 +22,8 @@ from openai.types import FileDeleted, FileObject
 from tests.e2e.stack import Stack, assert_error, auth, jsonl
 from tests.polling import poll_until
 
+pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
+
 ALPHA, BETA, GAMMA, ADMIN = "sk-test-alpha", "sk-test-beta", "sk-test-gamma", "sk-test-admin"
 MiB = 1024 * 1024
 DEFAULT_CAP = 200 * MiB

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from openai.types import Batch as SDKBatch
 from openai.types.chat import ChatCompletion
 
 from tests.e2e.stack import Stack, input_ids, jsonl, watch_until_terminal
+
+pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 
 async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:

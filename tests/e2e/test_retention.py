@@ -15,6 +15,8 @@ from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, jsonl, output_ids, wait_terminal
 from worker.retention import schedule_id
 
+pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
+
 
 async def test_inputs_expire_after_30_days_or_as_the_upload_asks(stack: Stack) -> None:
     client = stack.client()

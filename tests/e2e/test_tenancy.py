@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from temporalio.client import Client
 
 from backfill.config import hash_key
@@ -18,6 +19,8 @@ from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_termi
 from tests.e2e.test_roles_matrix import SCHEDULING, closed_window
 from tests.e2e.test_scheduler import wait_scheduler
 from tests.polling import poll_until
+
+pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta", "sk-test-admin"
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
