@@ -9,15 +9,17 @@ would buy.
   RPC and an extra mutable-state write on the server per line).
 - `fsync`: `FileStore.commit_result` writes and links its record without `os.fsync` (which today
   blocks the worker's event loop once per line).
-- `http`: `run_line` gets a canned 200 response without any HTTP request (httpx and the
-  simulator drop out; the store and Temporal paths stay).
+- `http`: `run_line` gets a canned 200 answer without any HTTP request (httpx and the
+  simulator drop out; the store and Temporal paths stay), after the simulator's latency.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
-import secrets
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -41,8 +43,15 @@ async def _no_heartbeat() -> AsyncIterator[None]:
 
 
 async def _canned_send(
-    self: Any, route: Any, input: Any, request: dict[str, Any]
-) -> tuple[dict[str, Any], bool]:
+    self: Any, route: Any, input: Any, request: dict[str, Any], line_no: int, rid: str
+) -> Any:
+    """`LineActivities._send` without the HTTP request: the simulator's answer, built the way
+    `_send` builds a real one (`activities.lines._answer`), after the simulator's latency
+    (`CANNED_LATENCY_S`), so lines still take as long as with the upstream."""
+    from activities.lines import _answer
+
+    if CANNED_LATENCY_S:
+        await asyncio.sleep(CANNED_LATENCY_S)
     body = {
         "id": "chatcmpl-bench",
         "object": "chat.completion",
@@ -56,18 +65,18 @@ async def _canned_send(
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
-    record = {
-        "id": f"batch_req_{secrets.token_hex(12)}",
-        "custom_id": request["custom_id"],
-        "response": {"status_code": 200, "request_id": "req_bench", "body": body},
-        "error": None,
-    }
-    return record, False
+    data = json.dumps(body).encode()
+    return _answer(request["custom_id"], line_no, 200, rid, "application/json", data)
+
+
+CANNED_LATENCY_S = 0.0
+"""How long the canned answer waits (the bench sets it to the simulator's latency)."""
 
 
 @contextlib.contextmanager
-def ablated(names: list[str]) -> Iterator[None]:
-    """Apply the named ablations for the duration of the block, then restore everything."""
+def ablated(names: list[str], latency_s: float = 0.0) -> Iterator[None]:
+    """Apply the named ablations for the duration of the block, then restore everything.
+    `latency_s`: how long the canned answer of `http` waits (the simulator's latency)."""
     import activities.lines as lines_mod
     import backfill.store as store_mod
 
@@ -87,6 +96,7 @@ def ablated(names: list[str]) -> Iterator[None]:
             patch(store_mod, "os", _OsWithoutFsync())
         if "http" in names:
             patch(lines_mod.LineActivities, "_send", _canned_send)
+            patch(sys.modules[__name__], "CANNED_LATENCY_S", latency_s)
         yield
     finally:
         for obj, attr, value in reversed(saved):

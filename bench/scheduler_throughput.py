@@ -180,7 +180,7 @@ async def run_backfill(
     )
     what = f" (ablated: {','.join(ablations)})" if ablations else ""
     log(f"backfill{what}: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
-    with ablated(ablations or []):
+    with ablated(ablations or [], sim.config.latency_ms / 1000.0):
         async with (
             backfill_worker(
                 client,
