@@ -24,6 +24,12 @@ from backfill.config import Settings
 from backfill.dev.devserver import DevServer, DevServerError
 from backfill.dev.procs import Child, backfill_argv, port_in_use
 
+EMBEDDED_DYNAMIC_CONFIG = {"history.maximumBufferedEventsBatch": 1000}
+"""The embedded dev server's settings beyond its defaults. At the default (100 buffered events) a
+route of 256 lines of ~2 s has the server fail a batch's workflow task that runs a few hundred
+milliseconds (FORCE_CLOSE_COMMAND), and the worker redo it from the full history
+(docs/performance.md, "Session 4"); the operator guide asks the same of a production cluster."""
+
 log = logging.getLogger("backfill.dev")
 
 DEV_API_KEY = "sk-backfill-dev"
@@ -140,6 +146,7 @@ def run(
         ip=LOOPBACK,
         db_filename="temporal.db",
         namespace=settings.temporal_namespace,
+        dynamic_config=EMBEDDED_DYNAMIC_CONFIG,
     )
     children: list[Child] = []
     try:
