@@ -42,10 +42,8 @@ from backfill.ids import is_batch_id, is_file_id, new_file_id
 from backfill.store import (
     FINALIZED,
     FileObject,
-    RouteLines,
     Store,
     Upload,
-    index_meta,
 )
 
 if TYPE_CHECKING:
@@ -297,20 +295,8 @@ class S3Store(Store):
         f = self._open(self._batch_key(batch_id, "input.jsonl"))
         return f if f is not None else self.open_file(input_file_id)
 
-    def write_index(
-        self,
-        batch_id: str,
-        offsets: array,
-        lengths: array,
-        routes: list[RouteLines],
-        route_line_numbers: list[array],
-    ) -> None:
-        self._put(self._batch_key(batch_id, "offsets.bin"), offsets.tobytes())
-        self._put(self._batch_key(batch_id, "lengths.bin"), lengths.tobytes())
-        for i, nums in enumerate(route_line_numbers):
-            self._put(self._batch_key(batch_id, f"route-{i}.bin"), nums.tobytes())
-        # Last: a reader that finds index.json finds the whole index.
-        self._put(self._batch_key(batch_id, "index.json"), index_meta(offsets, routes))
+    def _write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
+        self._put(self._batch_key(batch_id, name), data)
 
     def _index_value(self, batch_id: str, name: str, i: int, typecode: str) -> int:
         """Entry `i` of an index array, through the block cache."""

@@ -188,7 +188,6 @@ class Store(ABC):
     def open_input(self, batch_id: str, input_file_id: str) -> BinaryIO:
         """The batch's pinned input as a stream (falls back to the uploaded file)."""
 
-    @abstractmethod
     def write_index(
         self,
         batch_id: str,
@@ -198,7 +197,17 @@ class Store(ABC):
         route_line_numbers: list[array],
     ) -> None:
         """Write the compact line index: byte offset and length per line, lines per route.
-        The index derives from the pinned input alone, so writing it again writes the same."""
+        The index derives from the pinned input alone, so writing it again writes the same.
+        `index.json` goes last: a reader that finds it finds the whole index."""
+        self._write_index_part(batch_id, "offsets.bin", offsets.tobytes())
+        self._write_index_part(batch_id, "lengths.bin", lengths.tobytes())
+        for i, nums in enumerate(route_line_numbers):
+            self._write_index_part(batch_id, f"route-{i}.bin", nums.tobytes())
+        self._write_index_part(batch_id, "index.json", index_meta(offsets, routes))
+
+    @abstractmethod
+    def _write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
+        """Write one file of a batch's line index, whole and durably (see `write_index`)."""
 
     @abstractmethod
     def line_number(self, batch_id: str, route_index: int, position: int) -> int:
@@ -354,21 +363,10 @@ class FileStore(Store):
             raise KeyError(batch_id)
         return self._batches / batch_id
 
-    def write_index(
-        self,
-        batch_id: str,
-        offsets: array,
-        lengths: array,
-        routes: list[RouteLines],
-        route_line_numbers: list[array],
-    ) -> None:
+    def _write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
         d = self._batch_dir(batch_id)
         _mkdir(d)
-        _atomic_write(d / "offsets.bin", offsets.tobytes())
-        _atomic_write(d / "lengths.bin", lengths.tobytes())
-        for i, nums in enumerate(route_line_numbers):
-            _atomic_write(d / f"route-{i}.bin", nums.tobytes())
-        _atomic_write(d / "index.json", index_meta(offsets, routes))
+        _atomic_write(d / name, data)
 
     def snapshot_input(self, batch_id: str, file_id: str) -> None:
         """A hard link in the batch's directory: no bytes copied."""

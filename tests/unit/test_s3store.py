@@ -8,6 +8,7 @@ import secrets
 import threading
 from array import array
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -245,14 +246,39 @@ def test_an_aborted_multipart_upload_leaves_nothing(s3: S3Store) -> None:
     assert s3.pending_uploads() == {} and s3.keys("files/") == []
 
 
+def indexed_batch(store: Store, batch_id: str, lines: list[bytes]) -> str:
+    """Upload `lines` as a file, pin it as the batch's input and index it; the file's id."""
+    data = b"\n".join(lines) + b"\n"
+    file_id = upload(store, data)
+    store.snapshot_input(batch_id, file_id)
+    index(store, batch_id, data)
+    return file_id
+
+
+@contextmanager
+def recorded(s3: S3Store, operation: str) -> Iterator[list[dict[str, Any]]]:
+    """The parameters of every `operation` (e.g. "GetObject") the store's client sends in the
+    block, in order."""
+    calls: list[dict[str, Any]] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        calls.append(params)
+
+    event = f"provide-client-params.s3.{operation}"
+    s3.client.meta.events.register(event, record)
+    try:
+        yield calls
+    finally:
+        s3.client.meta.events.unregister(event, record)
+
+
 def test_an_output_named_at_finish_lands_under_that_id(s3: S3Store) -> None:
     up = s3.begin_upload(1 << 30)
     up.write(b"y" * (PART + 1))
-    copies: list[dict[str, Any]] = []
-    s3.client.meta.events.register(
-        "provide-client-params.s3.CopyObject", lambda params, **_: copies.append(params)
-    )
-    obj = up.finish(workspace="w", filename="o.jsonl", purpose="batch_output", file_id="file-out1")
+    with recorded(s3, "CopyObject") as copies:
+        obj = up.finish(
+            workspace="w", filename="o.jsonl", purpose="batch_output", file_id="file-out1"
+        )
     assert len(copies) == 1  # uploaded under a fresh id, then copied to its name
     assert obj.id == "file-out1"
     assert s3.read_file("file-out1") == b"y" * (PART + 1)
@@ -260,41 +286,21 @@ def test_an_output_named_at_finish_lands_under_that_id(s3: S3Store) -> None:
 
 
 def test_an_output_named_at_begin_needs_no_copy(s3: S3Store) -> None:
-    copies: list[dict[str, Any]] = []
-    events = s3.client.meta.events
-
-    def record(params: dict[str, Any], **_: Any) -> None:
-        copies.append(params)
-
-    events.register("provide-client-params.s3.CopyObject", record)
-    try:
+    with recorded(s3, "CopyObject") as copies:
         up = s3.begin_upload(1 << 30, file_id="file-out2")
         up.write(b"z" * (PART + 1))
         up.finish(workspace="w", filename="o.jsonl", purpose="batch_output", file_id="file-out2")
-    finally:
-        events.unregister("provide-client-params.s3.CopyObject", record)
     assert copies == []
     assert s3.read_file("file-out2") == b"z" * (PART + 1)
 
 
 def test_a_line_read_is_a_ranged_read_never_the_whole_input(s3: S3Store) -> None:
     lines = [f'{{"custom_id":"{i}","pad":"{"p" * 100}"}}'.encode() for i in range(20_000)]
-    data = b"\n".join(lines) + b"\n"
-    file_id = upload(s3, data)
-    s3.snapshot_input("batch_rng", file_id)
-    index(s3, "batch_rng", data)
-    gets: list[dict[str, Any]] = []
-    events = s3.client.meta.events
-
-    def record(params: dict[str, Any], **_: Any) -> None:
-        gets.append(params)
-
-    events.register("provide-client-params.s3.GetObject", record)
-    try:
+    file_id = indexed_batch(s3, "batch_rng", lines)
+    data = b"\n".join(lines) + b"\n"  # where each line sits, for the expected ranges
+    with recorded(s3, "GetObject") as gets:
         assert s3.read_line("batch_rng", file_id, 12_345) == lines[12_345]
         assert s3.read_line("batch_rng", file_id, 12_346) == lines[12_346]
-    finally:
-        events.unregister("provide-client-params.s3.GetObject", record)
     assert gets and all("Range" in g for g in gets), gets
     inputs = [g for g in gets if g["Key"].endswith("input.jsonl")]
     assert [g["Range"] for g in inputs] == [
@@ -342,10 +348,7 @@ def test_s3_needs_a_bucket() -> None:
 
 def test_settle_results_fills_the_missing_lines_in_order(store: Store) -> None:
     lines = [f'{{"custom_id":"{i}"}}'.encode() for i in range(300)]
-    data = b"\n".join(lines) + b"\n"
-    file_id = upload(store, data)
-    store.snapshot_input("batch_set", file_id)
-    index(store, "batch_set", data)
+    file_id = indexed_batch(store, "batch_set", lines)
     for n in range(0, 300, 3):
         store.commit_result("batch_set", n, b"ran-%d" % n)
     settled = list(store.settle_results("batch_set", file_id, lambda n, raw: b"filled-" + raw))
