@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 Role = Literal["member", "platform_admin", "auditor"]
 Provider = Literal["vllm", "openai"]
+WorkerRole = Literal["all", "workflows", "activities"]
 
 
 class ConfigError(Exception):
@@ -191,6 +192,20 @@ class Settings(BaseSettings):
     )
     """How often each worker's exporter reads the route schedulers and in-progress batches for
     the route and stall metrics (docs/metrics.md)."""
+    worker_role: WorkerRole = Field(default="all", validation_alias="BACKFILL_WORKER_ROLE")
+    """What this worker process runs: `all` (workflows and activities, the default), `workflows`
+    (the batch and scheduler workflows only) or `activities` (lines, validation, finalizing and the
+    rest). A route of more than 128 concurrent lines runs its lines in a process of their own, so
+    the batch's workflow tasks never wait for the GIL behind them (docs/operator-guide.md,
+    docs/decisions/0016-worker-roles.md). A task queue needs workers of both kinds."""
+    worker_eager_activities: int = Field(
+        default=256, ge=0, le=1024, validation_alias="BACKFILL_WORKER_EAGER_ACTIVITIES"
+    )
+    """Lines (and other activities) a worker may take straight from the workflow task that
+    schedules them, at most this many per workflow task (Temporal's eager activity execution),
+    instead of through the task queue; 0: none. Eager lines start at once and cost the Temporal
+    server about half the work; they run on the worker that runs their batch's workflow, up to
+    its free slots (the rest go through the queue to any worker). See docs/performance.md."""
     worker_max_concurrent_activities: int = Field(
         default=512,
         ge=1,

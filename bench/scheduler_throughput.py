@@ -43,6 +43,7 @@ from backfill import search_attributes as sa  # noqa: E402
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
 from backfill.dev.devserver import connect_client  # noqa: E402
 from backfill.dev.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
+from backfill.dev.runner import EMBEDDED_DYNAMIC_CONFIG  # noqa: E402
 from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
 from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
@@ -61,9 +62,9 @@ from bench.common import (  # noqa: E402
 from worker.lag import measuring  # noqa: E402
 from worker.main import ACTIVITY_POLLERS, running_worker  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
-from workflows.scheduler import RouteSchedulerWorkflow  # noqa: E402
 
 MODEL = "bench"
+EAGER_DEFAULT: int = Settings.model_fields["worker_eager_activities"].default
 ACTIVITY_WORKER = Path(__file__).resolve().parent / "activity_worker.py"
 WORKSPACE = "bench"
 
@@ -141,6 +142,7 @@ async def run_backfill(
     ablations: list[str] | None = None,
     split_worker: bool = False,
     worker_processes: int = 0,
+    eager: int = EAGER_DEFAULT,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     route_id = f"sim-{suffix}"
@@ -151,6 +153,7 @@ async def run_backfill(
         temporal_namespace=client.namespace,
         task_queue=f"bench-backfill-{suffix}",
         worker_max_concurrent_activities=max(512, 2 * cap),
+        worker_eager_activities=eager,
         limits=Limits(max_lines_per_batch=max(50_000, lines)),
         models=[
             ModelConfig(
@@ -180,7 +183,8 @@ async def run_backfill(
     )
     what = f" (ablated: {','.join(ablations)})" if ablations else ""
     log(f"backfill{what}: {lines} lines, cap {cap}, batch {batch_id}, route {route_id}")
-    with ablated(ablations or [], sim.config.latency_ms / 1000.0):
+    latency_s = sim.config.latency_ms / 1000.0
+    with ablated([] if split_worker else ablations or [], latency_s):
         async with (
             backfill_worker(
                 client,
@@ -190,6 +194,8 @@ async def run_backfill(
                 split=split_worker,
                 processes=worker_processes,
                 report=workers_report,
+                ablations=ablations if split_worker else None,
+                latency_s=latency_s,
             ),
             measuring() as lag,
         ):
@@ -222,6 +228,7 @@ async def run_backfill(
     hist = await analyze_chain(
         client, batch_id, handle.first_execution_run_id, "run_line", dump_dir
     )
+    in_worker = _mean_line_seconds(route_id)
     sched_id = scheduler_workflow_id(route_id)
     sched_first = await first_run_id(client, sched_id)
     sched = await analyze_chain(client, sched_id, sched_first, "find_closed_batches", dump_dir)
@@ -236,6 +243,7 @@ async def run_backfill(
         "upload_s": round(upload_s, 3),
         "cpu": _cpu(span),
         "lines_per_s": round(lines / span.wall_s, 1),
+        "line_mean_in_run_line_ms": None if in_worker is None else round(1000 * in_worker, 1),
         "loop_lag": loop_lag,
         "history": hist.summary("run_line"),
         "scheduler": {
@@ -245,6 +253,17 @@ async def run_backfill(
             "event_types": dict(sched.event_types.most_common()),
         },
     }
+
+
+def _mean_line_seconds(route_id: str) -> float | None:
+    """Mean time inside `run_line` (activity start to committed result, as the worker's
+    `gateway_batch_line_seconds` saw it) of this process's lines; None when they ran elsewhere."""
+    from prometheus_client import REGISTRY
+
+    labels = {"provider": route_id}
+    total = REGISTRY.get_sample_value("gateway_batch_line_seconds_sum", labels)
+    count = REGISTRY.get_sample_value("gateway_batch_line_seconds_count", labels)
+    return total / count if total is not None and count else None
 
 
 @contextlib.asynccontextmanager
@@ -257,10 +276,13 @@ async def backfill_worker(
     split: bool,
     processes: int = 0,
     report: dict[str, Any] | None = None,
+    ablations: list[str] | None = None,
+    latency_s: float = 0.0,
 ) -> AsyncIterator[None]:
-    """The real worker in-process (`running_worker`); with `split`, a workflows-only Worker
-    here and the same activities in their own process; with `processes` N > 0, N real workers,
-    each its own process (bench/activity_worker.py), their loop lags and CPU put in `report`."""
+    """The real worker in-process (`running_worker`); with `split`, a workflows-only worker
+    here and an activities-only one in its own process (`BACKFILL_WORKER_ROLE`); with
+    `processes` N > 0, N real workers, each its own process (bench/activity_worker.py), their
+    loop lags and CPU put in `report`."""
     if processes > 0:
         async with worker_processes(settings, tmp, processes, report):
             yield
@@ -272,11 +294,12 @@ async def backfill_worker(
     settings_path = tmp / f"settings-{settings.task_queue}.json"
     ready = tmp / f"ready-{settings.task_queue}"
     settings_path.write_text(settings.model_dump_json())
+    argv = [sys.executable, str(ACTIVITY_WORKER), str(settings_path), str(ready)]
+    argv += ["--role", "activities"]
+    if ablations:  # the lines run in the child: the ablations are applied there
+        argv += ["--ablate", ",".join(ablations), "--latency-s", str(latency_s)]
     child = Child("activity-worker")
-    child.start(
-        [sys.executable, str(ACTIVITY_WORKER), str(settings_path), str(ready)],
-        log_path=tmp / "activity-worker.log",
-    )
+    child.start(argv, log_path=tmp / "activity-worker.log")
     try:
         for _ in range(600):  # ≤ 60 s
             if ready.exists():
@@ -287,13 +310,7 @@ async def backfill_worker(
         else:
             raise RuntimeError(f"activity worker not ready: {child.log_tail()}")
         meter.activity_worker_pid = child.pid
-        worker = Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[BatchWorkflow, RouteSchedulerWorkflow],
-            sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
-        )
-        async with worker:
+        async with running_worker(client, settings.model_copy(update={"worker_role": "workflows"})):
             yield
     finally:
         meter.activity_worker_pid = None
@@ -317,7 +334,7 @@ async def worker_processes(
             lag_out = tmp / f"lag-{settings.task_queue}-{i}.json"
             child = Child(f"worker{i}")
             argv = [sys.executable, str(ACTIVITY_WORKER), str(settings_path), str(ready)]
-            argv += ["--workflows", "--lag-out", str(lag_out)]
+            argv += ["--lag-out", str(lag_out)]
             child.start(argv, log_path=tmp / f"worker{i}-{settings.task_queue}.log")
             children.append((child, ready, lag_out))
         for child, ready, _ in children:
@@ -358,6 +375,7 @@ async def run_bare(
     dump_dir: Path | None = None,
     activity_pollers: int | None = None,
     latency_s: float = 0.0,
+    eager: int = EAGER_DEFAULT,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     task_queue = f"bench-bare-{suffix}"
@@ -371,6 +389,8 @@ async def run_bare(
         activities=[noop, wait_like_upstream],
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+        max_eager_activity_reservations_per_workflow_task=max(1, eager),
+        disable_eager_activity_execution=eager == 0,
         activity_task_poller_behavior=(
             PollerBehaviorSimpleMaximum(activity_pollers) if activity_pollers else ACTIVITY_POLLERS
         ),
@@ -492,6 +512,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "worker_processes": args.worker_processes,
         "db": "memory" if args.in_memory else "sqlite-file",
         "repeat": args.repeat,
+        "eager": args.eager,
         "bare_activity_pollers": args.bare_activity_pollers,
         "cpus": os.cpu_count(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
@@ -539,6 +560,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 dump_dir=args.dump_histories,
                                 split_worker=args.split_worker,
                                 worker_processes=args.worker_processes,
+                                eager=args.eager,
                             )
                         else:
                             out = await run_bare(
@@ -552,6 +574,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 dump_dir=args.dump_histories,
                                 activity_pollers=args.bare_activity_pollers,
                                 latency_s=args.latency_ms / 1000.0,
+                                eager=args.eager,
                             )
                         runs[phase].append(out)
                 for variant in args.ablate:
@@ -566,6 +589,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         dump_dir=args.dump_histories,
                         ablations=variant,
                         split_worker=args.split_worker,
+                        eager=args.eager,
                     )
                     result.setdefault("ablated", []).append(out)
                 for phase, key in (("backfill", "lines_per_s"), ("bare", "activities_per_s")):
@@ -753,7 +777,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=JSON",
-        help="passed to the dev server as --dynamic-config-value (repeatable)",
+        help="passed to the dev server as --dynamic-config-value (repeatable), after make run's "
+        "own (backfill.dev.runner.EMBEDDED_DYNAMIC_CONFIG)",
+    )
+    p.add_argument(
+        "--server-defaults",
+        action="store_true",
+        help="the dev server without make run's dynamic config (Temporal's defaults)",
     )
     p.add_argument(
         "--phases",
@@ -773,7 +803,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--split-worker",
         action="store_true",
-        help="what-if: backfill's activities in their own process, workflows in this one",
+        help="backfill phase: a workflows-only worker in this process and an activities-only one "
+        "in its own (BACKFILL_WORKER_ROLE)",
     )
     p.add_argument(
         "--worker-processes",
@@ -789,7 +820,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="WHAT[,WHAT]",
         help=f"what-if: after the phases, run the backfill phase again without these per-line "
-        f"costs (of {', '.join(ABLATIONS)}; monkeypatched in this process only; repeatable)",
+        f"costs (of {', '.join(ABLATIONS)}; monkeypatched in the process that runs the "
+        "lines; repeatable)",
     )
     p.add_argument(
         "--bare-activity-pollers",
@@ -798,6 +830,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="exploration: N fixed concurrent activity polls for the bare worker (5 is the "
         "SDK's default); by default it polls like backfill's worker (worker.main.ACTIVITY_POLLERS)",
+    )
+    p.add_argument(
+        "--eager",
+        type=int,
+        default=EAGER_DEFAULT,
+        metavar="N",
+        help=f"both phases: activities a worker may take eagerly per workflow task (0: none; "
+        f"default {EAGER_DEFAULT}, backfill's BACKFILL_WORKER_EAGER_ACTIVITIES; the SDK's is 3)",
     )
     p.add_argument(
         "--repeat", type=int, default=1, help="run the phases this many times; report medians"
@@ -816,14 +856,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--lines must be at least 1")
     if not 1 <= args.repeat <= 20:
         p.error("--repeat must be between 1 and 20")
+    embedded = [f"{k}={json.dumps(v)}" for k, v in EMBEDDED_DYNAMIC_CONFIG.items()]
+    args.dynamic_config = ([] if args.server_defaults else embedded) + args.dynamic_config
     args.ablate = [[x.strip() for x in v.split(",") if x.strip()] for v in args.ablate]
     for v in args.ablate:
         if not v or not set(v) <= set(ABLATIONS):
             p.error(f"--ablate takes a comma-separated subset of {', '.join(ABLATIONS)}")
     if args.worker_processes and (args.split_worker or args.ablate):
         p.error("--worker-processes cannot be combined with --split-worker or --ablate")
-    if args.split_worker and args.ablate:
-        p.error("--ablate patches this process only: it cannot be combined with --split-worker")
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     if not set(args.phases) <= {"backfill", "bare"} or not args.phases:
         p.error("--phases takes backfill and/or bare")

@@ -23,7 +23,7 @@ from activities.load_metrics import configured_bases
 from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities, ServerLoadReader
 from activities.validation import ValidationActivities
-from backfill.config import Settings, warn_missing_upstream_keys
+from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
 from backfill.store import Store, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
@@ -68,27 +68,56 @@ def activities(
     ]
 
 
+WORKFLOWS = [BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow]
+"""Every workflow a worker runs (role `all` or `workflows`)."""
+ROLE_NAMES: dict[WorkerRole, str] = {
+    "all": "workflows and activities",
+    "workflows": "workflows only",
+    "activities": "activities only",
+}
+
+
+def runs_workflows(role: WorkerRole) -> bool:
+    return role in ("all", "workflows")
+
+
+def runs_activities(role: WorkerRole) -> bool:
+    return role in ("all", "activities")
+
+
 @contextlib.asynccontextmanager
 async def running_worker(
     client: Client, settings: Settings, *, task_queue: str | None = None
 ) -> AsyncIterator[Worker]:
-    """A started worker with its clients; stops it (and closes them) on exit."""
-    store = open_store(settings)
-    usage = UsageJournal(settings.data_dir)
+    """A started worker with its clients; stops it (and closes them) on exit. It runs the
+    workflows, the activities or both, as `settings.worker_role` says; a workflows-only worker
+    opens no store, usage journal or upstream client."""
+    role = settings.worker_role
     async with contextlib.AsyncExitStack() as stack:
-        stack.callback(usage.close)  # after the worker: its last lines' entries too
-        http = await stack.enter_async_context(upstream_client(settings.upstream_keepalive_seconds))
+        served: list[Callable[..., Any]] = []
+        if runs_activities(role):
+            store = open_store(settings)
+            usage = UsageJournal(settings.data_dir)
+            stack.callback(usage.close)  # after the worker: its last lines' entries too
+            http = await stack.enter_async_context(
+                upstream_client(settings.upstream_keepalive_seconds)
+            )
+            served = activities(settings, store, http, client, usage)
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
-            workflows=[BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow],
-            activities=activities(settings, store, http, client, usage),
+            workflows=WORKFLOWS if runs_workflows(role) else [],
+            activities=served,
             max_concurrent_activities=settings.worker_max_concurrent_activities,
             activity_task_poller_behavior=ACTIVITY_POLLERS,
             sticky_queue_schedule_to_start_timeout=timedelta(
                 seconds=settings.worker_sticky_queue_timeout_seconds
             ),
             max_heartbeat_throttle_interval=timedelta(seconds=MAX_HEARTBEAT_THROTTLE_SECONDS),
+            max_eager_activity_reservations_per_workflow_task=max(
+                1, settings.worker_eager_activities
+            ),
+            disable_eager_activity_execution=settings.worker_eager_activities == 0,
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
         )
         async with worker:
@@ -147,14 +176,18 @@ async def serve(settings: Settings) -> None:
     exporter = asyncio.create_task(Exporter(client, settings).run())
     signals = StopSignals(settings.shutdown_grace_seconds)
     signals.install(asyncio.get_running_loop())
-    warn_missing_upstream_keys(settings)
+    if runs_activities(settings.worker_role):
+        warn_missing_upstream_keys(settings)
     await ensure_schedule(client, settings)
     lag_task = None
     if settings.worker_loop_lag_log_seconds is not None:
         lag_task = asyncio.create_task(log_every(settings.worker_loop_lag_log_seconds))
     async with running_worker(client, settings):
         log.info(
-            "worker polling task queue %r at %s", settings.task_queue, settings.temporal_address
+            "worker (%s) polling task queue %r at %s",
+            ROLE_NAMES[settings.worker_role],
+            settings.task_queue,
+            settings.temporal_address,
         )
         await signals.requested.wait()
         if lag_task is not None:

@@ -239,10 +239,10 @@ class Stack:
         finally:
             await self.stop()
 
-    def start_worker(self) -> Child:
+    def start_worker(self, extra_env: dict[str, str] | None = None) -> Child:
         child = Child(f"worker{len(self.workers)}")
         port = free_port()
-        env = {**self.env(), "BACKFILL_WORKER_METRICS_PORT": str(port)}
+        env = {**self.env(), "BACKFILL_WORKER_METRICS_PORT": str(port), **(extra_env or {})}
         child.start(backfill_argv("worker"), env, self.tmp / f"{child.name}.log")
         self.worker_metrics_ports.append(port)
         self.workers.append(child)
