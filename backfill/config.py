@@ -195,9 +195,9 @@ class Settings(BaseSettings):
     worker_role: WorkerRole = Field(default="all", validation_alias="BACKFILL_WORKER_ROLE")
     """What this worker process runs: `all` (workflows and activities, the default), `workflows`
     (the batch and scheduler workflows only) or `activities` (lines, validation, finalizing and the
-    rest). A route of more than 128 concurrent lines runs its lines in a process of their own, so
-    the batch's workflow tasks never wait for the GIL behind them (docs/operator-guide.md,
-    docs/decisions/0016-worker-roles.md). A task queue needs workers of both kinds."""
+    rest). Splitting keeps workflow tasks clear of a heavy line load and lets line workers scale
+    apart; it gives up eager lines (docs/operator-guide.md, docs/decisions/0016-worker-roles.md).
+    A task queue needs workers of both kinds."""
     worker_eager_activities: int = Field(
         default=256, ge=0, le=1024, validation_alias="BACKFILL_WORKER_EAGER_ACTIVITIES"
     )
