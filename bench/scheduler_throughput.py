@@ -60,7 +60,7 @@ from bench.common import (  # noqa: E402
     log,
 )
 from worker.lag import measuring  # noqa: E402
-from worker.main import ACTIVITY_POLLERS, running_worker  # noqa: E402
+from worker.main import ACTIVITY_POLLERS, eager_options, running_worker  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
 
 MODEL = "bench"
@@ -389,8 +389,7 @@ async def run_bare(
         activities=[noop, wait_like_upstream],
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
-        max_eager_activity_reservations_per_workflow_task=max(1, eager),
-        disable_eager_activity_execution=eager == 0,
+        **eager_options(eager),
         activity_task_poller_behavior=(
             PollerBehaviorSimpleMaximum(activity_pollers) if activity_pollers else ACTIVITY_POLLERS
         ),

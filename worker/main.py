@@ -85,6 +85,15 @@ def runs_activities(role: WorkerRole) -> bool:
     return role in ("all", "activities")
 
 
+def eager_options(eager: int) -> dict[str, Any]:
+    """The SDK's Worker options for `worker_eager_activities` (0: off; the SDK wants a positive
+    reservation count either way). The bench's bare worker uses the same."""
+    return {
+        "max_eager_activity_reservations_per_workflow_task": max(1, eager),
+        "disable_eager_activity_execution": eager == 0,
+    }
+
+
 @contextlib.asynccontextmanager
 async def running_worker(
     client: Client, settings: Settings, *, task_queue: str | None = None
@@ -114,10 +123,7 @@ async def running_worker(
                 seconds=settings.worker_sticky_queue_timeout_seconds
             ),
             max_heartbeat_throttle_interval=timedelta(seconds=MAX_HEARTBEAT_THROTTLE_SECONDS),
-            max_eager_activity_reservations_per_workflow_task=max(
-                1, settings.worker_eager_activities
-            ),
-            disable_eager_activity_execution=settings.worker_eager_activities == 0,
+            **eager_options(settings.worker_eager_activities),
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
         )
         async with worker:
