@@ -22,9 +22,11 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,6 +281,7 @@ class FileStore(Store):
         self._batches = self.root / "batches"
         for d in (self.root, self._files, self._batches):
             _mkdir(d)
+        self._readers = _ReadHandles(READ_HANDLES)
 
     # ---- files ------------------------------------------------------------------------------
     def _data_path(self, file_id: str) -> Path:
@@ -385,16 +388,19 @@ class FileStore(Store):
     def open_input(self, batch_id: str, input_file_id: str) -> BinaryIO:
         return open(self._input_path(batch_id, input_file_id), "rb")
 
+    def _index_handle(self, batch_id: str, name: str) -> _Handle:
+        """A kept read handle on one file of a batch's index (`_ReadHandles`)."""
+        return self._readers.get((batch_id, name), lambda: self._batch_dir(batch_id) / name)
+
     def line_number(self, batch_id: str, route_index: int, position: int) -> int:
-        return _read_int(self._batch_dir(batch_id) / f"route-{route_index}.bin", position, "I")
+        return self._index_handle(batch_id, f"route-{route_index}.bin").read_int(position, "I")
 
     def read_line(self, batch_id: str, input_file_id: str, line_no: int) -> bytes:
-        d = self._batch_dir(batch_id)
-        offset = _read_int(d / "offsets.bin", line_no, "Q")
-        length = _read_int(d / "lengths.bin", line_no, "I")
-        with open(self._input_path(batch_id, input_file_id), "rb") as f:
-            f.seek(offset)
-            return f.read(length)
+        offset = self._index_handle(batch_id, "offsets.bin").read_int(line_no, "Q")
+        length = self._index_handle(batch_id, "lengths.bin").read_int(line_no, "I")
+        key = (batch_id, f"input:{input_file_id}")
+        f = self._readers.get(key, lambda: self._input_path(batch_id, input_file_id))
+        return f.read_at(offset, length)
 
     def index_total(self, batch_id: str) -> int:
         meta = json.loads((self._batch_dir(batch_id) / "index.json").read_bytes())
@@ -425,6 +431,7 @@ class FileStore(Store):
 
     def drop_batch_work(self, batch_id: str) -> None:
         d = self._batch_dir(batch_id)
+        self._readers.drop(batch_id)  # a line read after this fails, as before the handles
         if not d.exists():
             return
         for entry in d.iterdir():
@@ -459,6 +466,65 @@ class FileStore(Store):
             return self._result_path(batch_id, line_no).read_bytes()
         except FileNotFoundError:
             return None
+
+
+READ_HANDLES = 128
+"""Files of batches' line indexes and inputs a `FileStore` keeps open for reading lines."""
+
+
+class _Handle:
+    """A read-only file descriptor, closed when the last reference to it goes (so a thread
+    that is reading through it when the cache drops it finishes on the file it started on)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, path: Path) -> None:
+        self.fd = -1  # __del__ runs even when the open below fails
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+    def read_int(self, index: int, typecode: str) -> int:
+        a = array(typecode)
+        a.frombytes(self.read_at(index * a.itemsize, a.itemsize))
+        return int(a[0])
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+class _ReadHandles:
+    """Open handles on the files lines are read from (a batch's index and its input), least
+    recently used dropped past `size`. Those files never change once a batch's lines run:
+    the index is written whole before `index.json`, and a rewrite (validation run again)
+    writes the same bytes to a new file; a handle kept on the old one reads the same. A line
+    costs two `pread`s and no `open`."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._handles: OrderedDict[tuple[str, str], _Handle] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str], path: Callable[[], Path]) -> _Handle:
+        with self._lock:
+            h = self._handles.get(key)
+            if h is not None:
+                self._handles.move_to_end(key)
+                return h
+        h = _Handle(path())  # FileNotFoundError propagates; nothing is cached
+        with self._lock:
+            self._handles[key] = h
+            while len(self._handles) > self._size:
+                self._handles.popitem(last=False)
+        return h
+
+    def drop(self, batch_id: str) -> None:
+        """Forget a batch's handles (its files are being removed)."""
+        with self._lock:
+            for key in [k for k in self._handles if k[0] == batch_id]:
+                del self._handles[key]
 
 
 class FileUpload(Upload):
@@ -550,11 +616,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
-
-
-def _read_int(path: Path, index: int, typecode: str) -> int:
-    a = array(typecode)
-    with open(path, "rb") as f:
-        f.seek(index * a.itemsize)
-        a.frombytes(f.read(a.itemsize))
-    return int(a[0])

@@ -4,6 +4,12 @@ It mirrors BatchWorkflow's shape without any of its bookkeeping: no scheduler, n
 no pydantic state. Like BatchWorkflow it drains and continues-as-new after `per_run` finished
 activities (or when Temporal suggests it), so both pay the same continue-as-new pauses and the
 comparison isolates what backfill adds per line.
+
+With `work` set, each activity does instead what any gateway must do for a line, whatever
+dispatches it (`bench.line_work.LineWork`): read the line from the input file, POST its body
+to the model server and write the answer durably. The ratio against that baseline is
+backfill's dispatch overhead alone; the ratio against the no-op one also counts the line's own
+work.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ class BareInput(BaseModel):
     runs: int = 1
     latency_s: float = 0.0
     """Each activity waits this long, like a line waiting for its upstream (0: a no-op)."""
+    work: bool = False
+    """Each activity is `bench.line_work.LineWork.line_work` (a line's read, request and
+    durable write), by name: this module stays importable in the workflow sandbox."""
 
 
 class BareResult(BaseModel):
@@ -55,7 +64,14 @@ class BareWorkflow:
         pending: list[asyncio.Future[Any]] = []
         while True:
             while not draining and len(pending) < inp.window and next_i < inp.total:
-                if inp.latency_s > 0:
+                if inp.work:
+                    call = workflow.execute_activity(
+                        "line_work",
+                        next_i,
+                        start_to_close_timeout=timedelta(seconds=60),
+                        retry_policy=RetryPolicy(maximum_attempts=1),
+                    )
+                elif inp.latency_s > 0:
                     call = workflow.execute_activity(
                         wait_like_upstream,
                         inp.latency_s,

@@ -59,8 +59,10 @@ from bench.common import (  # noqa: E402
     first_run_id,
     log,
 )
+from bench.line_work import LineWork  # noqa: E402
 from worker.lag import measuring  # noqa: E402
 from worker.main import ACTIVITY_POLLERS, eager_options, running_worker  # noqa: E402
+from worker.upstream import upstream_client  # noqa: E402
 from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
 
 MODEL = "bench"
@@ -376,17 +378,20 @@ async def run_bare(
     activity_pollers: int | None = None,
     latency_s: float = 0.0,
     eager: int = EAGER_DEFAULT,
+    work: LineWork | None = None,
 ) -> dict[str, Any]:
     suffix = secrets.token_hex(4)
     task_queue = f"bench-bare-{suffix}"
     wf_id = f"bench-bare-{suffix}"
     kind = f"activities waiting {latency_s:g} s" if latency_s > 0 else "trivial activities"
+    if work is not None:
+        kind = "activities doing a line's work (read, POST, durable write)"
     log(f"{label}: {total} {kind}, window {window}")
     worker = Worker(
         client,
         task_queue=task_queue,
         workflows=[BareWorkflow],
-        activities=[noop, wait_like_upstream],
+        activities=[noop, wait_like_upstream] + ([work.line_work] if work else []),
         max_concurrent_activities=max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
         **eager_options(eager),
@@ -398,7 +403,13 @@ async def run_bare(
         with meter.span() as span:
             handle = await client.start_workflow(
                 BareWorkflow.run,
-                BareInput(total=total, window=window, per_run=per_run, latency_s=latency_s),
+                BareInput(
+                    total=total,
+                    window=window,
+                    per_run=per_run,
+                    latency_s=latency_s,
+                    work=work is not None,
+                ),
                 id=wf_id,
                 task_queue=task_queue,
                 execution_timeout=timedelta(seconds=deadline_s + 60),
@@ -409,6 +420,8 @@ async def run_bare(
         raise RuntimeError(f"{label}: {result.done} activities done, expected {total}")
     log(f"{label}: done in {span.wall_s:.2f}s")
     name = "wait_like_upstream" if latency_s > 0 else "noop"
+    if work is not None:
+        name = "line_work"
     hist = await analyze_chain(client, wf_id, handle.first_execution_run_id, name, dump_dir)
     return {
         "workflow_id": wf_id,
@@ -418,6 +431,46 @@ async def run_bare(
         "activities_per_s": round(total / span.wall_s, 1),
         "history": hist.summary(name),
     }
+
+
+async def run_bare_work(
+    client: Client,
+    meter: CpuMeter,
+    tmp: Path,
+    sim: Sim,
+    *,
+    total: int,
+    window: int,
+    max_concurrent_activities: int,
+    deadline_s: float,
+    dump_dir: Path | None,
+    eager: int,
+) -> dict[str, Any]:
+    """The bare baseline whose activities do a line's own work (`LineWork`) on the same
+    simulator, HTTP client and disk as backfill's lines."""
+    d = tmp / f"bare-work-{secrets.token_hex(4)}"
+    d.mkdir()
+    (d / "input.jsonl").write_bytes(jsonl(total))
+    async with upstream_client() as http:
+        work = LineWork(
+            d / "input.jsonl", sim.base_url + "/chat/completions", http, FileStore(d / "store")
+        )
+        try:
+            return await run_bare(
+                client,
+                meter,
+                total=total,
+                window=window,
+                per_run=LINES_PER_RUN,
+                max_concurrent_activities=max_concurrent_activities,
+                deadline_s=deadline_s,
+                label="bare-work",
+                dump_dir=dump_dir,
+                eager=eager,
+                work=work,
+            )
+        finally:
+            work.close()
 
 
 def _cpu(span: CpuSpan) -> dict[str, float]:
@@ -542,7 +595,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         label="warmup",
                     )
                     result["warmup"] = {"activities": args.warmup, "cpu": warm["cpu"]}
-                runs: dict[str, list[dict[str, Any]]] = {"backfill": [], "bare": []}
+                runs: dict[str, list[dict[str, Any]]] = {
+                    "backfill": [],
+                    "bare": [],
+                    "bare-work": [],
+                }
                 for rep in range(args.repeat):
                     for phase in args.phases:
                         if args.repeat > 1:
@@ -559,6 +616,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 dump_dir=args.dump_histories,
                                 split_worker=args.split_worker,
                                 worker_processes=args.worker_processes,
+                                eager=args.eager,
+                            )
+                        elif phase == "bare-work":
+                            out = await run_bare_work(
+                                client,
+                                meter,
+                                tmp,
+                                sim,
+                                total=args.lines,
+                                window=args.cap,
+                                max_concurrent_activities=slots,
+                                deadline_s=args.timeout,
+                                dump_dir=args.dump_histories,
                                 eager=args.eager,
                             )
                         else:
@@ -591,7 +661,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         eager=args.eager,
                     )
                     result.setdefault("ablated", []).append(out)
-                for phase, key in (("backfill", "lines_per_s"), ("bare", "activities_per_s")):
+                for phase, key in (
+                    ("backfill", "lines_per_s"),
+                    ("bare", "activities_per_s"),
+                    ("bare-work", "activities_per_s"),
+                ):
                     if runs[phase]:
                         result[phase] = _median(runs[phase], key)
                         result[phase]["all_" + key] = [x[key] for x in runs[phase]]
@@ -609,6 +683,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if "backfill" in result and "bare" in result:
         result["ratio"] = round(
             result["backfill"]["lines_per_s"] / result["bare"]["activities_per_s"], 3
+        )
+    if "backfill" in result and "bare-work" in result:
+        result["ratio_work"] = round(
+            result["backfill"]["lines_per_s"] / result["bare-work"]["activities_per_s"], 3
         )
     return result
 
@@ -640,6 +718,35 @@ def table(r: dict[str, Any]) -> str:
         ]
     if "ratio" in r:
         rows.append(("ratio backfill / bare", f"{r['ratio']:.2f}"))
+    bw = r.get("bare-work")
+    if bw:
+        rows += [
+            ("bare-work lines/s (read, POST, durable write)", f"{bw['activities_per_s']:.1f}"),
+            ("bare-work CPU ms per line, bench process", _per_line(bw["cpu"], r["lines"])),
+            (
+                "bare-work workflow tasks (per line)",
+                f"{bw['history']['workflow_tasks']} ({bw['history']['workflow_tasks_per_line']})",
+            ),
+            (
+                "bare-work CPU ms per line: bench process / server / simulator",
+                " / ".join(
+                    f"{1000 * bw['cpu'][k] / r['lines']:.2f}"
+                    for k in ("bench_process_cpu_s", "server_cpu_s", "sim_process_cpu_s")
+                ),
+            ),
+        ]
+    if b:
+        rows.append(
+            (
+                "backfill CPU ms per line: bench process / server / simulator",
+                " / ".join(
+                    f"{1000 * b['cpu'][k] / r['lines']:.2f}"
+                    for k in ("bench_process_cpu_s", "server_cpu_s", "sim_process_cpu_s")
+                ),
+            )
+        )
+    if "ratio_work" in r:
+        rows.append(("ratio backfill / bare-work", f"{r['ratio_work']:.2f}"))
     if b:
         h = b["history"]
         rows += [
@@ -786,8 +893,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--phases",
-        default="backfill,bare",
-        help="comma-separated phases, run in the order given (default backfill,bare)",
+        default="backfill,bare,bare-work",
+        help="comma-separated phases, run in the order given (default backfill,bare,bare-work; "
+        "bare-work: bare activities doing a line's read, POST and durable write)",
     )
     p.add_argument("--warmup", type=int, default=200, help="trivial activities run first, untimed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per phase")
@@ -864,8 +972,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.worker_processes and (args.split_worker or args.ablate):
         p.error("--worker-processes cannot be combined with --split-worker or --ablate")
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
-    if not set(args.phases) <= {"backfill", "bare"} or not args.phases:
-        p.error("--phases takes backfill and/or bare")
+    if not set(args.phases) <= {"backfill", "bare", "bare-work"} or not args.phases:
+        p.error("--phases takes backfill, bare and/or bare-work")
     return args
 
 

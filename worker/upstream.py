@@ -47,6 +47,11 @@ class _Stream(httpcore.AsyncNetworkStream):
     def __init__(self, inner: httpcore.AsyncNetworkStream, sock: socket.socket | None) -> None:
         self._inner = inner
         self._sock = sock
+        self._poll: Any = None
+        """A poll set of this socket alone, made once (the check runs many times a request)."""
+        if sock is not None and sock.fileno() >= 0:
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
         return await self._inner.read(max_bytes, timeout)
@@ -68,7 +73,9 @@ class _Stream(httpcore.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable" and self._sock is not None:
-            return socket_readable(self._sock)
+            if self._sock.fileno() < 0 or self._poll is None:
+                return True  # closed
+            return bool(self._poll.poll(0))
         return self._inner.get_extra_info(info)
 
 

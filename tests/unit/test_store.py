@@ -116,3 +116,51 @@ def test_a_committed_result_and_a_published_file_are_durable_in_their_directory(
     synced.clear()
     store.commit_result("batch_abc", 3, b"{}")  # lost the race: nothing new to make durable
     assert synced == []
+
+
+def _indexed(store: FileStore, batch_id: str, lines: list[bytes]) -> str:
+    """A batch whose index and pinned input are written, as validation leaves them."""
+    file_id = upload(store, b"".join(line + b"\n" for line in lines))
+    store.snapshot_input(batch_id, file_id)
+    offsets, lengths, pos = array("Q"), array("I"), 0
+    for line in lines:
+        offsets.append(pos)
+        lengths.append(len(line))
+        pos += len(line) + 1
+    nums = array("I", reversed(range(len(lines))))  # the route lists them backwards
+    store.write_index(batch_id, offsets, lengths, [RouteLines("r", "m", len(lines))], [nums])
+    return file_id
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_lines_are_read_through_a_bounded_set_of_kept_handles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("backfill.store.READ_HANDLES", 6)
+    store = FileStore(tmp_path)
+    before = open_fds()
+    batches = {}
+    for b in range(5):  # 4 files a batch: 20 handles asked for, 6 kept
+        batch_id = f"batch_b{b}"
+        lines = [b'{"custom_id":"%d-%d"}' % (b, i) for i in range(3)]
+        batches[batch_id] = file_id = _indexed(store, batch_id, lines)
+        for position in range(3):
+            line_no = store.line_number(batch_id, 0, position)
+            assert line_no == 2 - position
+            assert store.read_line(batch_id, file_id, line_no) == lines[line_no]
+        assert open_fds() - before <= 6
+    # the first batch's handles were let go; its lines are read again all the same
+    assert store.read_line("batch_b0", batches["batch_b0"], 1) == b'{"custom_id":"0-1"}'
+    assert open_fds() - before <= 6
+
+
+def test_a_dropped_batch_reads_no_lines_even_through_kept_handles(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    file_id = _indexed(store, "batch_d", [b'{"custom_id":"a"}'])
+    assert store.read_line("batch_d", file_id, store.line_number("batch_d", 0, 0))
+    store.drop_batch_work("batch_d")
+    with pytest.raises(FileNotFoundError):
+        store.line_number("batch_d", 0, 0)

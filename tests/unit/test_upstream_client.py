@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.heartbeat import HEARTBEAT_EVERY, heartbeat_period
+from activities.heartbeat import HEARTBEAT_EVERY, heartbeat_period, heartbeating
 from backfill.sim import SimConfig, SimServer
 from tests.polling import poll_until
 from worker.upstream import PER_POOL, PooledTransport, socket_readable, upstream_client
@@ -159,3 +160,22 @@ def test_a_heartbeat_every_half_heartbeat_timeout(
         env.info, heartbeat_timeout=timedelta(seconds=seconds) if seconds else None
     )
     assert env.run(heartbeat_period) == (period if period is not None else HEARTBEAT_EVERY)
+
+
+async def test_a_waiting_activity_heartbeats_every_period_and_stops_when_done() -> None:
+    beats: list[float] = []
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=0.2))
+    env.on_heartbeat = lambda *_: beats.append(time.monotonic())
+
+    async def line() -> int:
+        start = time.monotonic()
+        async with heartbeating():
+            await asyncio.sleep(0.45)  # the upstream's answer, slower than two periods
+        done = len(beats)
+        await asyncio.sleep(0.3)  # after the answer: no more heartbeats
+        assert len(beats) == done
+        assert all(b - start >= 0.1 for b in beats)  # none at once
+        return done
+
+    assert await env.run(line) >= 2  # at 0.1 s (half of 0.2 s) and 0.2 s, ... while it waited
