@@ -10,8 +10,11 @@ One run, one private dev server (headless, free port, temporary directory):
    the Temporal client as the api does, timed from start to result.
 2. bare: one workflow running N trivial activities with the same window in flight, its own task
    queue and in-process worker (bench/bare_workflow.py).
+3. bare-work: the same workflow whose activities each do a line's own work without backfill
+   around it (bench/line_work.py: read the line, POST it to the simulator, commit the answer
+   durably): what backfill's dispatch adds on top of the work any gateway must do.
 
-Then a table (or --json): lines/s, activities/s, their ratio, history events, timings read back
+Then a table (or --json): lines/s, activities/s, the ratios, history events, timings read back
 from the histories (effective concurrency, per-activity latencies, continue-as-new pauses) and CPU
 seconds of this process and of the dev server. See bench/README.md.
 """
