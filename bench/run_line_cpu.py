@@ -5,7 +5,9 @@
 `LineActivities.run_line` (the real one: the FileStore read, the upstream client of
 `worker.main`, the fsync'd commit) runs `--lines` lines, `--concurrency` at once, under
 temporalio's `ActivityEnvironment`, against the simulator as its own process answering at once.
-With `--http-only`, only the upstream client's requests (`POST`, body read). Prints JSON: CPU ms
+With `--http-only`, only the upstream client's requests (`POST`, body read); with
+`--read-only`, only the store read that starts a line (`LineActivities._read` in the line-store
+threads; give it 30,000 lines or more: thread CPU is read in 10 ms ticks). Prints JSON: CPU ms
 per line of this process, by thread group (bench.common.thread_cpu_seconds), and lines/s. The
 first 200 lines warm up and are not counted.
 
@@ -81,6 +83,18 @@ async def measure(args: argparse.Namespace, base: str) -> dict[str, Any]:
 
             async def one(i: int) -> None:
                 async with sem:
+                    if args.read_only:
+                        line = LineInput(
+                            batch_id=batch_id,
+                            input_file_id=file_id,
+                            endpoint="/v1/chat/completions",
+                            route_id="r",
+                            route_index=0,
+                            position=i,
+                        )
+                        _, committed, raw = await lines._in_thread(lines._read, line)
+                        assert committed is None and raw.startswith(b'{"custom_id"')
+                        return
                     if args.http_only:
                         body = json.loads(_line(i))["body"]
                         resp = await http.post(f"{base}/chat/completions", json=body)
@@ -104,7 +118,7 @@ async def measure(args: argparse.Namespace, base: str) -> dict[str, Any]:
             cpu, wall = _thread_delta(t0, thread_cpu_seconds()), time.perf_counter() - w0
     n = args.lines - WARMUP
     return {
-        "what": "http" if args.http_only else "run_line",
+        "what": "read" if args.read_only else "http" if args.http_only else "run_line",
         "lines": n,
         "concurrency": args.concurrency,
         "cpu_ms_per_line": round(1000 * sum(cpu.values()) / n, 3),
@@ -118,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--http-only", action="store_true", help="only the upstream client's requests")
+    p.add_argument(
+        "--read-only",
+        action="store_true",
+        help="only run_line's store read (line number, committed check, the line), in its threads",
+    )
     args = p.parse_args(argv)
     if args.lines <= WARMUP:
         p.error(f"--lines must be more than {WARMUP}")
