@@ -10,6 +10,10 @@ they were the largest share of the worker's CPU per line (docs/performance.md):
 - that pass is proportional to the pool's connections: `PooledTransport` keeps several small
   pools and fills them in order, so a pool never holds more than about `PER_POOL` requests
   and a route with few lines in flight keeps reusing the same warm connections.
+
+And two system calls per request that cost most at high rates (each send on loopback also
+wakes the server): `_Stream` sends a request's head and body in one write, and answers the
+expiry check of a connection used in the last `RECENTLY_USED_S` without polling its socket.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import select
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -28,21 +33,22 @@ UPSTREAM_POOLS = 32
 PER_POOL = 8
 """Requests a pool takes before the next one is used (when every pool has this many, the
 least busy one takes the request)."""
-
-
-def socket_readable(sock: socket.socket) -> bool:
-    """True if `sock` has data or EOF waiting (an idle keep-alive connection the server
-    closed), or is already closed; one `poll` system call."""
-    fd = sock.fileno()
-    if fd < 0:
-        return True
-    p = select.poll()
-    p.register(fd, select.POLLIN)
-    return bool(p.poll(0))
+COALESCE_BYTES = 64 * 1024
+"""Bytes of a request a connection holds back to send in one write with the rest of it."""
+RECENTLY_USED_S = 0.05
+"""A connection that sent or received within this many seconds is taken as still open without
+polling its socket. A server closes an idle keep-alive connection after seconds, not
+milliseconds; a close that lands in this window shows as a request the server never answered,
+which `LineActivities` sends again at once (the keep-alive race it already handles)."""
 
 
 class _Stream(httpcore.AsyncNetworkStream):
-    """anyio's stream, with `is_readable` answered from the socket kept at connect time."""
+    """anyio's stream, with `is_readable` answered from the socket kept at connect time, and a
+    request's writes sent together.
+
+    httpcore writes a request's head, its body and an empty end-of-message (h11's, for a body
+    of known length) one by one; the writes are held and sent as one when the empty one comes,
+    before any read, or past `COALESCE_BYTES`."""
 
     def __init__(self, inner: httpcore.AsyncNetworkStream, sock: socket.socket | None) -> None:
         self._inner = inner
@@ -52,14 +58,37 @@ class _Stream(httpcore.AsyncNetworkStream):
         if sock is not None and sock.fileno() >= 0:
             self._poll = select.poll()
             self._poll.register(sock.fileno(), select.POLLIN)
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._used = time.monotonic()
+        """When this connection last sent or received."""
+
+    async def _flush(self, timeout: float | None) -> None:  # noqa: ASYNC109
+        if not self._held:
+            return
+        data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        self._held.clear()
+        self._held_bytes = 0
+        await self._inner.write(data, timeout)
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
-        return await self._inner.read(max_bytes, timeout)
+        await self._flush(timeout)
+        data = await self._inner.read(max_bytes, timeout)
+        self._used = time.monotonic()
+        return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        await self._inner.write(buffer, timeout)
+        if buffer:
+            self._held.append(buffer)
+            self._held_bytes += len(buffer)
+            if self._held_bytes < COALESCE_BYTES:
+                return
+        await self._flush(timeout)
+        self._used = time.monotonic()
 
     async def aclose(self) -> None:
+        self._held.clear()
+        self._held_bytes = 0
         await self._inner.aclose()
 
     async def start_tls(
@@ -68,13 +97,19 @@ class _Stream(httpcore.AsyncNetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109  # httpcore backend signature
     ) -> httpcore.AsyncNetworkStream:
+        await self._flush(timeout)
         tls = await self._inner.start_tls(ssl_context, server_hostname, timeout)
         return _Stream(tls, self._sock)
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable" and self._sock is not None:
+            # True if the socket has data or EOF waiting (an idle keep-alive connection the
+            # server closed) or is closed already; one `poll` system call, skipped for a
+            # connection used a moment ago.
             if self._sock.fileno() < 0 or self._poll is None:
-                return True  # closed
+                return True
+            if time.monotonic() - self._used < RECENTLY_USED_S:
+                return False
             return bool(self._poll.poll(0))
         return self._inner.get_extra_info(info)
 

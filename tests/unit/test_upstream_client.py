@@ -9,7 +9,9 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any, cast
 
+import httpcore
 import httpx
 import pytest
 from temporalio.testing import ActivityEnvironment
@@ -17,7 +19,14 @@ from temporalio.testing import ActivityEnvironment
 from activities.heartbeat import HEARTBEAT_EVERY, heartbeat_period, heartbeating
 from backfill.sim import SimConfig, SimServer
 from tests.polling import poll_until
-from worker.upstream import PER_POOL, PooledTransport, socket_readable, upstream_client
+from worker.upstream import (
+    COALESCE_BYTES,
+    PER_POOL,
+    RECENTLY_USED_S,
+    PooledTransport,
+    _Stream,
+    upstream_client,
+)
 
 
 @pytest.fixture(scope="module")
@@ -139,16 +148,23 @@ async def test_a_cookie_from_one_answer_is_not_sent_with_the_next_line() -> None
     assert seen == [None, None]
 
 
-def test_socket_readable_sees_data_and_eof() -> None:
+def test_a_connections_idle_check_sees_data_eof_and_close() -> None:
     a, b = socket.socketpair()
+    stream = _Stream(cast(Any, None), a)  # the check reads the socket, never the inner stream
+
+    def readable() -> bool:
+        stream._used = time.monotonic() - RECENTLY_USED_S  # idle long enough to be polled
+        return bool(stream.get_extra_info("is_readable"))
+
     with a, b:
-        assert not socket_readable(a)
+        assert not readable()
         b.send(b"x")
-        assert socket_readable(a)
+        assert readable()
         a.recv(1)
-        assert not socket_readable(a)
+        assert not readable()
         b.close()
-        assert socket_readable(a)
+        assert readable()  # EOF: the server closed it
+    assert readable()  # closed on our side
 
 
 @pytest.mark.parametrize(("seconds", "period"), [(7.0, 3.5), (60.0, 30.0), (None, None)])
@@ -179,3 +195,76 @@ async def test_a_waiting_activity_heartbeats_every_period_and_stops_when_done() 
         return done
 
     assert await env.run(line) >= 2  # at 0.1 s (half of 0.2 s) and 0.2 s, ... while it waited
+
+
+def test_a_connection_used_a_moment_ago_is_not_polled() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        stream = _Stream(cast(Any, None), a)
+        b.close()  # EOF waiting, but the connection was made just now
+        assert stream.get_extra_info("is_readable") is False
+        stream._used -= RECENTLY_USED_S
+        assert stream.get_extra_info("is_readable") is True
+
+
+class _Recorder(httpcore.AsyncNetworkStream):
+    """An inner stream that records what reaches the socket."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        return b"HTTP/1.1 200 OK\r\n"
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        self.writes.append(buffer)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_request_goes_out_in_one_write() -> None:
+    inner = _Recorder()
+    stream = _Stream(inner, None)
+    await stream.write(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n")
+    await stream.write(b"{}")
+    assert inner.writes == []  # held until the request is whole
+    await stream.write(b"")  # h11's end of a body of known length
+    assert inner.writes == [b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"]
+    # without that end (a chunked body), the first read sends what is held
+    await stream.write(b"0\r\n\r\n")
+    assert await stream.read(100) == b"HTTP/1.1 200 OK\r\n"
+    assert inner.writes[-1] == b"0\r\n\r\n"
+    # a large body is not held back
+    big = b"x" * COALESCE_BYTES
+    await stream.write(big)
+    assert inner.writes[-1] == big
+
+
+async def test_requests_through_the_client_arrive_whole() -> None:
+    """Many requests with bodies of every size on few connections: the server reads each
+    request's head and body as sent, and answers every one."""
+    bodies: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            bodies.append(body)
+            reply = b'{"n":%d}' % len(body)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(reply), reply))
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sizes = [0, 1, 100, COALESCE_BYTES - 300, COALESCE_BYTES, 3 * COALESCE_BYTES + 7] * 4
+    async with server, upstream_client() as http:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+
+        async def one(n: int) -> int:
+            resp = await http.post(url, content=b"a" * n)
+            return int(resp.json()["n"])
+
+        assert await asyncio.gather(*(one(n) for n in sizes)) == sizes
+    assert sorted(len(b) for b in bodies) == sorted(sizes)
