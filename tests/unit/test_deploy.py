@@ -8,6 +8,7 @@ these tests fail with the install command; they never skip.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -452,11 +453,219 @@ def test_chart_existing_claim_and_optional_objects() -> None:
     assert "BackfillModels:KeywordList" in script
 
 
-def test_chart_refuses_s3_until_backfill_supports_it() -> None:
+S3_VALUES: dict[str, Any] = {
+    "fileStore": {
+        "type": "s3",
+        "s3": {
+            "bucket": "batch-files",
+            "prefix": "prod/",
+            "endpoint": "https://minio.internal:9000",
+            "region": "eu-west-1",
+            "partBytes": 16 * 1024 * 1024,
+            "credentialsSecret": "s3-keys",
+        },
+    },
+    "upstreamKeys": {"existingSecret": "model-keys"},
+}
+SPLIT_VALUES: dict[str, Any] = {
+    "worker": {
+        "split": {
+            "enabled": True,
+            "workflows": {"replicas": 1, "resources": {"requests": {"cpu": "100m"}}},
+            "activities": {"replicas": 4, "resources": {"requests": {"cpu": "2"}}},
+        }
+    },
+    "upstreamKeys": {"existingSecret": "model-keys"},
+}
+
+
+def by_kind_and_name(values: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in all_documents(render_chart(values))}
+
+
+def pod_parts(deployment: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(container, env by name, volumes by name) of a one-container Deployment."""
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    return container, env, {v["name"]: v for v in pod["volumes"]}
+
+
+def data_volume(deployment: dict[str, Any]) -> dict[str, Any] | None:
+    """The volume mounted at /data (BACKFILL_DATA_DIR), or None."""
+    container, _, volumes = pod_parts(deployment)
+    names = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/data"]
+    return volumes[names[0]] if names else None
+
+
+def test_chart_s3_store_passes_settings_as_env_and_credentials_from_the_secret() -> None:
+    docs = by_kind_and_name(S3_VALUES)
+    assert not [key for key in docs if key[0] == "PersistentVolumeClaim"]
+    for name in ("backfill-api", "backfill-worker"):
+        _, env, _ = pod_parts(docs[("Deployment", name)])
+        values = {n: e.get("value") for n, e in env.items()}
+        assert values["BACKFILL_STORE"] == "s3", name
+        assert values["BACKFILL_S3_BUCKET"] == "batch-files"
+        assert values["BACKFILL_S3_PREFIX"] == "prod/"
+        assert values["BACKFILL_S3_ENDPOINT_URL"] == "https://minio.internal:9000"
+        assert values["BACKFILL_S3_REGION"] == "eu-west-1"
+        assert values["BACKFILL_S3_PART_BYTES"] == "16777216"
+        assert values["BACKFILL_DATA_DIR"] == "/data"
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            assert "value" not in env[var], f"{name}: {var} in clear"
+            ref = env[var]["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == ("s3-keys", var)
+            assert ref.get("optional", False) == (var == "AWS_SESSION_TOKEN")
+        # The store's volume is gone; /data keeps only the usage journal, on an emptyDir.
+        assert data_volume(docs[("Deployment", name)]) == {"name": "usage", "emptyDir": {}}
+    # Nothing about the store or its credentials lands in the ConfigMap; the Temporal setup
+    # Job (no store) gets none of it either.
+    assert "AWS_" not in json.dumps(docs[("ConfigMap", "backfill-config")])
+
+
+def test_chart_s3_store_optional_settings_and_a_shared_usage_journal() -> None:
+    docs = by_kind_and_name(
+        {
+            "fileStore": {
+                "type": "s3",
+                "s3": {"bucket": "b", "usageJournalClaim": "usage-rwx"},
+                "pvc": {"existingClaim": "ignored-in-s3-mode"},
+            },
+            "serviceAccountName": "backfill-irsa",
+            "temporal": {"registerSearchAttributes": {"enabled": True}},
+        }
+    )
+    assert not [key for key in docs if key[0] == "PersistentVolumeClaim"]
+    for name in ("backfill-api", "backfill-worker"):
+        deployment = docs[("Deployment", name)]
+        _, env, volumes = pod_parts(deployment)
+        assert env["BACKFILL_STORE"]["value"] == "s3" and env["BACKFILL_S3_BUCKET"]["value"] == "b"
+        unset = {
+            n for n in env if n.startswith(("AWS_", "BACKFILL_S3_")) and n != "BACKFILL_S3_BUCKET"
+        }
+        assert unset == set(), f"{name}: empty values must not become variables"
+        assert data_volume(deployment) == {
+            "name": "usage",
+            "persistentVolumeClaim": {"claimName": "usage-rwx"},
+        }
+        assert "ignored-in-s3-mode" not in json.dumps(volumes)
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "backfill-irsa"
+    (job,) = [d for key, d in docs.items() if key[0] == "Job"]
+    job_env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "BACKFILL_STORE" not in job_env
+
+
+def test_chart_s3_store_without_a_bucket_fails_with_a_clear_message() -> None:
     from helm_python import HelmError
 
-    with pytest.raises(HelmError, match="not supported yet"):
+    with pytest.raises(HelmError, match=r"fileStore\.s3\.bucket is required"):
         render_chart({"fileStore": {"type": "s3"}})
+    with pytest.raises(HelmError, match='fileStore.type "gcs" is unknown'):
+        render_chart({"fileStore": {"type": "gcs"}})
+
+
+def test_chart_default_runs_one_worker_of_every_role() -> None:
+    docs = by_kind_and_name({})
+    workers = [key for key in docs if key[0] == "Deployment" and "worker" in key[1]]
+    assert workers == [("Deployment", "backfill-worker")]
+    worker = docs[("Deployment", "backfill-worker")]
+    _, env, _ = pod_parts(worker)
+    assert "BACKFILL_WORKER_ROLE" not in env and "BACKFILL_STORE" not in env
+    assert env["BACKFILL_WORKER_EAGER_ACTIVITIES"]["value"] == "256"
+    assert "backfill.io/worker-role" not in worker["spec"]["selector"]["matchLabels"]
+    assert data_volume(worker) == {
+        "name": "files",
+        "persistentVolumeClaim": {"claimName": "backfill-files"},
+    }
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_chart_split_workers_render_two_roles_both_scraped() -> None:
+    docs = by_kind_and_name({**SPLIT_VALUES, "metrics": {"serviceMonitor": {"enabled": True}}})
+    assert ("Deployment", "backfill-worker") not in docs
+    workflows = docs[("Deployment", "backfill-worker-workflows")]
+    activities = docs[("Deployment", "backfill-worker-activities")]
+    assert workflows["spec"]["replicas"] == 1 and activities["spec"]["replicas"] == 4
+    service = docs[("Service", "backfill-worker-metrics")]
+    assert service["metadata"]["labels"]["backfill.io/scrape-job"] == "backfill-worker"
+    (monitor,) = [d for key, d in docs.items() if key[0] == "ServiceMonitor"]
+    assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    for deployment, role, cpu in (
+        (workflows, "workflows", "100m"),
+        (activities, "activities", "2"),
+    ):
+        container, env, _ = pod_parts(deployment)
+        assert env["BACKFILL_WORKER_ROLE"]["value"] == role
+        assert env["BACKFILL_WORKER_EAGER_ACTIVITIES"]["value"] == "0"
+        assert container["resources"]["requests"]["cpu"] == cpu
+        assert {p["name"] for p in container["ports"]} == {"metrics"}
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selects(selector, pod_labels) and selector["backfill.io/worker-role"] == role
+        assert selects(service["spec"]["selector"], pod_labels), f"{role} workers not scraped"
+    # Each Deployment's selector leaves the other's pods alone.
+    for mine, other in ((workflows, activities), (activities, workflows)):
+        other_labels = other["spec"]["template"]["metadata"]["labels"]
+        assert not selects(mine["spec"]["selector"]["matchLabels"], other_labels)
+    # A workflows-only worker opens no store, journal or upstream client: no /data, no keys.
+    container, env, _ = pod_parts(workflows)
+    assert data_volume(workflows) is None
+    assert "envFrom" not in container and "BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES" not in env
+    container, env, _ = pod_parts(activities)
+    assert data_volume(activities) == {
+        "name": "files",
+        "persistentVolumeClaim": {"claimName": "backfill-files"},
+    }
+    assert container["envFrom"] == [{"secretRef": {"name": "model-keys"}}]
+    assert env["BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES"]["value"] == "512"
+
+
+def test_chart_split_workers_on_s3_keep_credentials_from_the_workflows_worker() -> None:
+    docs = by_kind_and_name({**S3_VALUES, **SPLIT_VALUES})
+    _, env, _ = pod_parts(docs[("Deployment", "backfill-worker-workflows")])
+    assert not {n for n in env if n.startswith(("AWS_", "BACKFILL_S3_", "BACKFILL_STORE"))}
+    assert data_volume(docs[("Deployment", "backfill-worker-workflows")]) is None
+    activities = docs[("Deployment", "backfill-worker-activities")]
+    _, env, _ = pod_parts(activities)
+    assert env["BACKFILL_STORE"]["value"] == "s3"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-keys"
+    assert data_volume(activities) == {"name": "usage", "emptyDir": {}}
+
+
+def test_chart_env_is_what_backfill_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rendered variables, loaded by backfill's own settings (with the chart's backfill.toml),
+    give the S3 store and the roles: no name in the chart is misspelt."""
+    from backfill.config import Settings, load_settings
+
+    docs = by_kind_and_name({**S3_VALUES, **SPLIT_VALUES})
+    (tmp_path / "backfill.toml").write_text(
+        docs[("ConfigMap", "backfill-config")]["data"]["backfill.toml"]
+    )
+    loaded: dict[str, Settings] = {}
+    for name in ("backfill-api", "backfill-worker-workflows", "backfill-worker-activities"):
+        with monkeypatch.context() as env:
+            for var in list(os.environ):
+                if var.startswith(("BACKFILL_", "TEMPORAL_", "AWS_")):
+                    env.delenv(var)
+            for var, entry in pod_parts(docs[("Deployment", name)])[1].items():
+                if "value" in entry:
+                    env.setenv(var, entry["value"])
+            env.setenv("BACKFILL_CONFIG", str(tmp_path / "backfill.toml"))
+            loaded[name] = load_settings()
+    for name in ("backfill-api", "backfill-worker-activities"):
+        settings = loaded[name]
+        assert settings.store == "s3" and settings.s3_bucket == "batch-files", name
+        assert settings.s3_prefix == "prod/" and settings.s3_region == "eu-west-1"
+        assert settings.s3_endpoint_url == "https://minio.internal:9000"
+        assert settings.s3_part_bytes == 16 * 1024 * 1024
+        assert str(settings.data_dir) == "/data"
+    assert loaded["backfill-worker-activities"].worker_role == "activities"
+    workflows = loaded["backfill-worker-workflows"]
+    assert workflows.worker_role == "workflows" and workflows.store == "local"
+    assert workflows.worker_eager_activities == 0
 
 
 @pytest.mark.parametrize(
@@ -472,8 +681,12 @@ def test_chart_refuses_s3_until_backfill_supports_it() -> None:
             "upstreamKeys": {"existingSecret": "u"},
             "api": {"nodeSelector": {"pool": "api"}, "extraEnv": [{"name": "X", "value": "1"}]},
         },
+        S3_VALUES,
+        {**S3_VALUES, "fileStore": {"type": "s3", "s3": {"bucket": "b", "usageJournalClaim": "u"}}},
+        SPLIT_VALUES,
+        {**S3_VALUES, **SPLIT_VALUES, "serviceAccountName": "backfill"},
     ],
-    ids=["defaults", "everything-on"],
+    ids=["defaults", "everything-on", "s3", "s3-usage-claim", "split", "s3-split"],
 )
 def test_chart_manifests_match_the_kubernetes_schemas(values: dict[str, Any]) -> None:
     """Every rendered object validates (strictly: no unknown fields) against the Kubernetes
@@ -482,6 +695,6 @@ def test_chart_manifests_match_the_kubernetes_schemas(values: dict[str, Any]) ->
 
     version = kubernetes_validate.latest_version()
     documents = all_documents(render_chart(values))
-    assert len(documents) >= 6
+    assert len(documents) >= 5  # api, worker, their services, the ConfigMap
     for doc in documents:
         kubernetes_validate.validate(doc, version, strict=True)

@@ -76,15 +76,70 @@ envFrom:
 {{- end }}
 {{- end }}
 
+{{/* Environment of the processes that open the file store (the api, workers running
+activities): the S3 store's settings and credentials. Nothing in pvc mode. */}}
+{{- define "backfill.storeEnv" -}}
+{{- if eq .Values.fileStore.type "s3" -}}
+- name: BACKFILL_STORE
+  value: "s3"
+- name: BACKFILL_S3_BUCKET
+  value: {{ .Values.fileStore.s3.bucket | quote }}
+{{- with .Values.fileStore.s3.prefix }}
+- name: BACKFILL_S3_PREFIX
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.fileStore.s3.endpoint }}
+- name: BACKFILL_S3_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.fileStore.s3.region }}
+- name: BACKFILL_S3_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.fileStore.s3.partBytes }}
+- name: BACKFILL_S3_PART_BYTES
+  value: {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.fileStore.s3.credentialsSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: AWS_ACCESS_KEY_ID
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: AWS_SECRET_ACCESS_KEY
+- name: AWS_SESSION_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: AWS_SESSION_TOKEN
+      optional: true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The volume at /data (BACKFILL_DATA_DIR): with pvc, the shared file store; with s3, only the
+usage journal (usage/), on fileStore.s3.usageJournalClaim or an emptyDir. */}}
+{{- define "backfill.dataVolumeName" -}}
+{{- if eq .Values.fileStore.type "s3" }}usage{{ else }}files{{ end }}
+{{- end }}
+
+{{/* Called with (dict "root" $ "data" bool): "data" false leaves /data out (a workflows-only
+worker opens neither the store nor the usage journal). */}}
 {{- define "backfill.volumeMounts" -}}
 - name: config
   mountPath: /etc/backfill
   readOnly: true
-- name: files
+{{- if .data }}
+- name: {{ include "backfill.dataVolumeName" .root }}
   mountPath: /data
+{{- end }}
 - name: tmp
   mountPath: /tmp
-{{- if .Values.temporal.tls.clientCertSecret }}
+{{- if .root.Values.temporal.tls.clientCertSecret }}
 - name: temporal-tls
   mountPath: /etc/temporal-tls
   readOnly: true
@@ -92,23 +147,40 @@ envFrom:
 {{- end }}
 
 {{- define "backfill.volumes" -}}
+{{- $root := .root -}}
 - name: config
   configMap:
-    name: {{ include "backfill.configMapName" . }}
+    name: {{ include "backfill.configMapName" $root }}
+{{- if .data }}
+{{- if eq $root.Values.fileStore.type "s3" }}
+- name: usage
+  {{- with $root.Values.fileStore.s3.usageJournalClaim }}
+  persistentVolumeClaim:
+    claimName: {{ . }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+{{- else }}
 - name: files
   persistentVolumeClaim:
-    claimName: {{ include "backfill.claimName" . }}
+    claimName: {{ include "backfill.claimName" $root }}
+{{- end }}
+{{- end }}
 - name: tmp
   emptyDir: {}
-{{- if .Values.temporal.tls.clientCertSecret }}
+{{- if $root.Values.temporal.tls.clientCertSecret }}
 - name: temporal-tls
   secret:
-    secretName: {{ .Values.temporal.tls.clientCertSecret }}
+    secretName: {{ $root.Values.temporal.tls.clientCertSecret }}
 {{- end }}
 {{- end }}
 
 {{- define "backfill.checkFileStore" -}}
-{{- if ne .Values.fileStore.type "pvc" }}
-{{- fail (printf "fileStore.type %q is not supported yet: backfill's file store is a shared POSIX volume (fileStore.type: pvc)" .Values.fileStore.type) }}
+{{- if eq .Values.fileStore.type "s3" }}
+{{- if not .Values.fileStore.s3.bucket }}
+{{- fail "fileStore.s3.bucket is required with fileStore.type s3: the name of an existing bucket (docs/storage.md)" }}
+{{- end }}
+{{- else if ne .Values.fileStore.type "pvc" }}
+{{- fail (printf "fileStore.type %q is unknown: pvc (a shared POSIX volume) or s3 (an S3-compatible bucket)" .Values.fileStore.type) }}
 {{- end }}
 {{- end }}
