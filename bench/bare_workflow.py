@@ -32,6 +32,8 @@ class BareInput(BaseModel):
     runs: int = 1
     latency_s: float = 0.0
     """Each activity waits this long, like a line waiting for its upstream (0: a no-op)."""
+    heartbeat_s: float | None = None
+    """Each activity's heartbeat timeout (the server keeps a timer per activity for it)."""
     work: bool = False
     """Each activity is `bench.line_work.LineWork.line_work` (a line's read, request and
     durable write), by name: this module stays importable in the workflow sandbox."""
@@ -69,6 +71,9 @@ class BareWorkflow:
                         "line_work",
                         next_i,
                         start_to_close_timeout=timedelta(seconds=60),
+                        heartbeat_timeout=(
+                            timedelta(seconds=inp.heartbeat_s) if inp.heartbeat_s else None
+                        ),
                         retry_policy=RetryPolicy(maximum_attempts=1),
                     )
                 elif inp.latency_s > 0:

@@ -21,7 +21,9 @@ class LineWork:
     input file (offsets kept in memory), its body POSTed to the model server with the same HTTP
     client as the worker's, and the answer committed the way any durable gateway must (a temp
     file written and fsynced, linked into place first-writer-wins, its directory fsynced; the
-    store's `commit_result`). File I/O runs in a thread pool of the same size as a worker's."""
+    store's `commit_result`). File I/O runs in a thread pool of the same size as a worker's.
+    The workflow schedules it with a line's heartbeat timeout (a line answered within half of
+    it sends no heartbeat, in backfill either)."""
 
     def __init__(self, input_path: Path, url: str, http: httpx.AsyncClient, store: Any) -> None:
         data = input_path.read_bytes()

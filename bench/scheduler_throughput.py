@@ -66,7 +66,12 @@ from bench.line_work import LineWork  # noqa: E402
 from worker.lag import measuring  # noqa: E402
 from worker.main import ACTIVITY_POLLERS, eager_options, running_worker  # noqa: E402
 from worker.upstream import upstream_client  # noqa: E402
-from workflows.batch import LINES_PER_RUN, BatchInput, BatchWorkflow  # noqa: E402
+from workflows.batch import (  # noqa: E402
+    LINE_HEARTBEAT_SECONDS,
+    LINES_PER_RUN,
+    BatchInput,
+    BatchWorkflow,
+)
 
 MODEL = "bench"
 EAGER_DEFAULT: int = Settings.model_fields["worker_eager_activities"].default
@@ -412,6 +417,9 @@ async def run_bare(
                     per_run=per_run,
                     latency_s=latency_s,
                     work=work is not None,
+                    # scheduled like a line: a heartbeat timeout is what lets a dead worker's
+                    # lines run again within seconds (issue 14), whoever dispatches them
+                    heartbeat_s=LINE_HEARTBEAT_SECONDS if work is not None else None,
                 ),
                 id=wf_id,
                 task_queue=task_queue,
@@ -598,6 +606,32 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         label="warmup",
                     )
                     result["warmup"] = {"activities": args.warmup, "cpu": warm["cpu"]}
+                    # Each timed phase's own code warmed too (imports, the workflows' sandbox,
+                    # first connections), so the first phase is not the only one paying them.
+                    if "backfill" in args.phases:
+                        await run_backfill(
+                            client,
+                            tmp,
+                            sim,
+                            meter,
+                            lines=args.warmup,
+                            cap=args.cap,
+                            deadline_s=args.timeout,
+                            eager=args.eager,
+                        )
+                    if "bare-work" in args.phases:
+                        await run_bare_work(
+                            client,
+                            meter,
+                            tmp,
+                            sim,
+                            total=args.warmup,
+                            window=args.cap,
+                            max_concurrent_activities=slots,
+                            deadline_s=args.timeout,
+                            dump_dir=None,
+                            eager=args.eager,
+                        )
                 runs: dict[str, list[dict[str, Any]]] = {
                     "backfill": [],
                     "bare": [],
