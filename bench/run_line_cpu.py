@@ -82,16 +82,17 @@ async def measure(args: argparse.Namespace, base: str) -> dict[str, Any]:
             sem = asyncio.Semaphore(args.concurrency)
 
             async def one(i: int) -> None:
+                line = LineInput(
+                    batch_id=batch_id,
+                    input_file_id=file_id,
+                    endpoint="/v1/chat/completions",
+                    route_id="r",
+                    route_index=0,
+                    position=i,
+                    timeout_seconds=60,
+                )
                 async with sem:
                     if args.read_only:
-                        line = LineInput(
-                            batch_id=batch_id,
-                            input_file_id=file_id,
-                            endpoint="/v1/chat/completions",
-                            route_id="r",
-                            route_index=0,
-                            position=i,
-                        )
                         _, committed, raw = await lines._in_thread(lines._read, line)
                         assert committed is None and raw.startswith(b'{"custom_id"')
                         return
@@ -100,15 +101,6 @@ async def measure(args: argparse.Namespace, base: str) -> dict[str, Any]:
                         resp = await http.post(f"{base}/chat/completions", json=body)
                         assert resp.status_code == 200
                         return
-                    line = LineInput(
-                        batch_id=batch_id,
-                        input_file_id=file_id,
-                        endpoint="/v1/chat/completions",
-                        route_id="r",
-                        route_index=0,
-                        position=i,
-                        timeout_seconds=60,
-                    )
                     out = await env.run(lines.run_line, line)
                     assert out.ok, out
 

@@ -594,6 +594,50 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 meter = CpuMeter(server.pid, sim.pid)
                 slots = max(512, 2 * args.cap)
+
+                async def run_phase(phase: str, n: int, warmup: bool = False) -> dict[str, Any]:
+                    dump = None if warmup else args.dump_histories
+                    if phase == "backfill":
+                        return await run_backfill(
+                            client,
+                            tmp,
+                            sim,
+                            meter,
+                            lines=n,
+                            cap=args.cap,
+                            deadline_s=args.timeout,
+                            dump_dir=dump,
+                            split_worker=args.split_worker,
+                            worker_processes=args.worker_processes,
+                            eager=args.eager,
+                        )
+                    if phase == "bare-work":
+                        return await run_bare_work(
+                            client,
+                            meter,
+                            tmp,
+                            sim,
+                            total=n,
+                            window=args.cap,
+                            max_concurrent_activities=slots,
+                            deadline_s=args.timeout,
+                            dump_dir=dump,
+                            eager=args.eager,
+                        )
+                    return await run_bare(
+                        client,
+                        meter,
+                        total=n,
+                        window=args.cap,
+                        per_run=LINES_PER_RUN,
+                        max_concurrent_activities=slots,
+                        deadline_s=args.timeout,
+                        dump_dir=dump,
+                        activity_pollers=args.bare_activity_pollers,
+                        latency_s=args.latency_ms / 1000.0,
+                        eager=args.eager,
+                    )
+
                 if args.warmup > 0:
                     warm = await run_bare(
                         client,
@@ -608,30 +652,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     result["warmup"] = {"activities": args.warmup, "cpu": warm["cpu"]}
                     # Each timed phase's own code warmed too (imports, the workflows' sandbox,
                     # first connections), so the first phase is not the only one paying them.
-                    if "backfill" in args.phases:
-                        await run_backfill(
-                            client,
-                            tmp,
-                            sim,
-                            meter,
-                            lines=args.warmup,
-                            cap=args.cap,
-                            deadline_s=args.timeout,
-                            eager=args.eager,
-                        )
-                    if "bare-work" in args.phases:
-                        await run_bare_work(
-                            client,
-                            meter,
-                            tmp,
-                            sim,
-                            total=args.warmup,
-                            window=args.cap,
-                            max_concurrent_activities=slots,
-                            deadline_s=args.timeout,
-                            dump_dir=None,
-                            eager=args.eager,
-                        )
+                    for phase in ("backfill", "bare-work"):
+                        if phase in args.phases:
+                            await run_phase(phase, args.warmup, warmup=True)
                 runs: dict[str, list[dict[str, Any]]] = {
                     "backfill": [],
                     "bare": [],
@@ -641,48 +664,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     for phase in args.phases:
                         if args.repeat > 1:
                             log(f"repetition {rep + 1}/{args.repeat}: {phase}")
-                        if phase == "backfill":
-                            out = await run_backfill(
-                                client,
-                                tmp,
-                                sim,
-                                meter,
-                                lines=args.lines,
-                                cap=args.cap,
-                                deadline_s=args.timeout,
-                                dump_dir=args.dump_histories,
-                                split_worker=args.split_worker,
-                                worker_processes=args.worker_processes,
-                                eager=args.eager,
-                            )
-                        elif phase == "bare-work":
-                            out = await run_bare_work(
-                                client,
-                                meter,
-                                tmp,
-                                sim,
-                                total=args.lines,
-                                window=args.cap,
-                                max_concurrent_activities=slots,
-                                deadline_s=args.timeout,
-                                dump_dir=args.dump_histories,
-                                eager=args.eager,
-                            )
-                        else:
-                            out = await run_bare(
-                                client,
-                                meter,
-                                total=args.lines,
-                                window=args.cap,
-                                per_run=LINES_PER_RUN,
-                                max_concurrent_activities=slots,
-                                deadline_s=args.timeout,
-                                dump_dir=args.dump_histories,
-                                activity_pollers=args.bare_activity_pollers,
-                                latency_s=args.latency_ms / 1000.0,
-                                eager=args.eager,
-                            )
-                        runs[phase].append(out)
+                        runs[phase].append(await run_phase(phase, args.lines))
                 for variant in args.ablate:
                     out = await run_backfill(
                         client,
