@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from fastapi import APIRouter, Depends, Request
 from temporalio.client import Client
@@ -104,7 +105,9 @@ async def route_sample(
         RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
     )
     try:
-        status = await handle.query(RouteSchedulerWorkflow.status, rpc_timeout=QUICK_QUERY)
+        status = await handle.query(
+            RouteSchedulerWorkflow.status, time.time(), rpc_timeout=QUICK_QUERY
+        )
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
@@ -127,7 +130,9 @@ async def get_batch_scheduling(
     )
     stale = False
     try:
-        status = await handle.query(RouteSchedulerWorkflow.status, rpc_timeout=QUICK_QUERY)
+        status = await handle.query(
+            RouteSchedulerWorkflow.status, time.time(), rpc_timeout=QUICK_QUERY
+        )
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             log.warning("route %s settings from Temporal's record (%s)", route_id, err)
@@ -184,5 +189,5 @@ async def put_batch_scheduling(
         )
     handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
-    status = await handle.query(RouteSchedulerWorkflow.status)
+    status = await handle.query(RouteSchedulerWorkflow.status, time.time())
     return await _document(client, route_id, status, request.app.state.load_reader)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecutionDescription
@@ -44,7 +45,7 @@ async def _one(client: Client, batch: Batch, p: RouteProgress, scheduled_only: b
         handle = client.get_workflow_handle_for(
             RouteSchedulerWorkflow.run, scheduler_workflow_id(p.route)
         )
-        status = await handle.query(RouteSchedulerWorkflow.status)
+        status = await handle.query(RouteSchedulerWorkflow.status, time.time())
     except Exception as err:  # a scheduler that is not up yet simply has no reason to give
         log.debug("scheduler %s status unavailable: %s", p.route, err)
         return

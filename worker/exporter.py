@@ -126,7 +126,7 @@ class Exporter:
             RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
         )
         try:
-            return await handle.query(RouteSchedulerWorkflow.status)
+            return await handle.query(RouteSchedulerWorkflow.status, self.clock())
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 log.debug("scheduler %s status unavailable: %s", route_id, err)

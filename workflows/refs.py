@@ -112,7 +112,7 @@ class RouteSchedulerWorkflow:
         raise NotImplementedError
 
     @workflow.query
-    def status(self) -> SchedulerStatus:
+    def status(self, at: float | None = None) -> SchedulerStatus:
         raise NotImplementedError
 
 

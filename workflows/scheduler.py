@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -230,13 +230,22 @@ class RouteSchedulerWorkflow:
         RouteSettings.model_validate(settings.model_dump())
 
     @workflow.query
-    def status(self) -> SchedulerStatus:
-        return scheduler_status(self._state, self._gate(), workflow.now().timestamp())
+    def status(self, at: float | None = None) -> SchedulerStatus:
+        """The route's state, gate and batches as of `at` (the caller's Unix time).
+
+        Without it, as of the workflow's last task: an idle route sets no timer, so a back-off,
+        a time window or live traffic that ended since would still show. `at` earlier than that
+        task is ignored. The answer is a reading, not a decision: the gate the scheduler acts
+        on is its own, on its own clock."""
+        now = workflow.now()
+        if at is not None and at > now.timestamp():
+            now = datetime.fromtimestamp(at, UTC)
+        return scheduler_status(self._state, self._gate(now), now.timestamp())
 
     # ---- decisions ----
-    def _gate(self) -> Gate:
+    def _gate(self, now: datetime | None = None) -> Gate:
         s = self._state
-        now = workflow.now()
+        now = now or workflow.now()
         yielding = s.settings.yield_to_live_traffic
         window_open, window_changes_at = True, None
         if s.settings.time_window is not None:

@@ -26,6 +26,7 @@ from tests.polling import poll_until
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows import refs
 from workflows.batch import BatchWorkflow
+from workflows.gates import REASON_BACKOFF
 from workflows.messages import LineInput, LineOutcome, PauseRequest, RouteSettings, SchedulerInput
 from workflows.windows import TimeWindow
 
@@ -166,10 +167,23 @@ async def test_a_batch_paused_while_backing_off_sleeps_until_resumed(slow: SlowL
         return (await handle.query(BatchWorkflow.describe)).backfill.paused
 
     await poll_until(paused, timeout=60, what="the batch to pause")
+    scheduler = h.client.get_workflow_handle_for(
+        refs.RouteSchedulerWorkflow.run, scheduler_workflow_id(h.route)
+    )
+
+    async def route_as_of_now() -> tuple[str, str | None]:
+        now = await h.env.get_current_time()
+        status = await scheduler.query(refs.RouteSchedulerWorkflow.status, now.timestamp())
+        return status.state, status.reason
+
+    assert await route_as_of_now() == ("paused", REASON_BACKOFF)
     before = await timers_started(handle)
     await h.env.sleep(timedelta(hours=2))  # the back-off ends an hour into this, paused
     assert await timers_started(handle) - before <= 3
     assert len(h.starts) == 1
+    # The idle scheduler set no timer either, yet asked as of now it no longer shows the
+    # back-off that ended (the api, the console and the paused-routes metric ask so).
+    assert await route_as_of_now() == ("open", None)
 
     await handle.signal(BatchWorkflow.resume)
     await poll_until(lambda: len(h.starts) == 2, timeout=60, what="the retry after resuming")
