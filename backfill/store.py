@@ -499,8 +499,8 @@ class _ReadHandles:
     """Open handles on the files lines are read from (a batch's index and its input), least
     recently used dropped past `size`. Those files never change once a batch's lines run:
     the index is written whole before `index.json`, and a rewrite (validation run again)
-    writes the same bytes to a new file; a handle kept on the old one reads the same. A line
-    costs two `pread`s and no `open`."""
+    writes the same bytes to a new file; a handle kept on the old one reads the same. Reading a
+    line costs four `pread`s (its number, offset, length, the line) and no `open`."""
 
     def __init__(self, size: int) -> None:
         self._size = size
