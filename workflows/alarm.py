@@ -43,9 +43,7 @@ class Alarm:
         if at == self._at and (at is None or self._task is not None):
             return
         if self._task is not None:
-            due_soon = (
-                self._at is not None and self._at <= workflow.now().timestamp() + DUE_SOON_S
-            )
+            due_soon = self._at is not None and self._at <= workflow.now().timestamp() + DUE_SOON_S
             if not (due_soon and workflow.patched(KEEP_DUE_TIMERS)):
                 self._task.cancel()
             self._task = None  # a timer left to fire rings for nothing (`_ring`)
