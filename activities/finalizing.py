@@ -9,9 +9,9 @@ import hashlib
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.records import END_MESSAGES, custom_id_of, error_record_bytes, outcome_from_record
+from backfill.messages import FinalizeInput, FinalizeOutput
+from backfill.records import END_MESSAGES, custom_id_of, error_record_bytes, outcome_from_record
 from backfill.store import Store, Upload
-from workflows.messages import FinalizeInput, FinalizeOutput
 
 
 class FinalizeActivities:

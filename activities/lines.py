@@ -23,7 +23,10 @@ import httpx
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.records import (
+from backfill import metrics
+from backfill.config import RouteConfig, Settings
+from backfill.messages import LineInput, LineOutcome
+from backfill.records import (
     STRICT_JSON,
     custom_id_of,
     describe_error,
@@ -32,11 +35,8 @@ from activities.records import (
     response_record_bytes,
     usage_of,
 )
-from backfill import metrics
-from backfill.config import RouteConfig, Settings
 from backfill.store import Store
 from backfill.usage import UsageEntry, UsageJournal, new_request_id
-from workflows.messages import LineInput, LineOutcome
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 """Answers that say "not now" rather than "no": the line goes back to the queue and the route

@@ -12,8 +12,8 @@ import time
 
 from temporalio import activity
 
+from backfill.messages import CleanupInput, CleanupOutput
 from backfill.store import Store
-from workflows.messages import CleanupInput, CleanupOutput
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import asyncio
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.input_rules import validate_input as validate_lines
 from backfill.config import Settings
+from backfill.input_rules import validate_input as validate_lines
+from backfill.messages import RouteAssignment, ValidateInput, ValidateOutput
 from backfill.store import RouteLines, Store
-from workflows.messages import RouteAssignment, ValidateInput, ValidateOutput
 
 
 class ValidationActivities:

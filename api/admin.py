@@ -14,9 +14,6 @@ from fastapi import APIRouter, Depends, Request
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.control import start_scheduler
-from activities.load_metrics import approve_metrics_url, configured_bases
-from activities.server_load import ServerLoadReader
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, InvalidRequest, NotFound
 from api.history_view import QUICK_QUERY, started_input_and_updates
@@ -28,11 +25,14 @@ from api.schemas import (
     SchedulingStatus,
     error_responses,
 )
+from backfill import refs
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from workflows import refs
-from workflows.messages import BatchStatusEntry, RouteSettings, SchedulerInput, SchedulerStatus
-from workflows.refs import RouteSchedulerWorkflow
+from backfill.load_metrics import approve_metrics_url, configured_bases
+from backfill.load_reader import ServerLoadReader
+from backfill.messages import BatchStatusEntry, RouteSettings, SchedulerInput, SchedulerStatus
+from backfill.refs import RouteSchedulerWorkflow
+from backfill.schedulers import start_scheduler
 
 log = logging.getLogger(__name__)
 router = APIRouter(

@@ -12,8 +12,6 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from activities.load_metrics import configured_bases
-from activities.server_load import ServerLoadReader
 from api import admin, admin_batches, admin_usage, batches, console, errors, files, health, proxy
 from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
@@ -22,6 +20,8 @@ from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.request_id import RequestIdMiddleware
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill.config import Settings
+from backfill.load_metrics import configured_bases
+from backfill.load_reader import ServerLoadReader
 from backfill.store import open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal

@@ -22,15 +22,15 @@ from api import audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
 from api.history_view import QUICK_QUERY, started_input
-from api.progress import add_route_reasons
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.config import Settings
 from backfill.ids import new_batch_id
-from workflows.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, SUMMARY_MEMO
-from workflows.messages import BatchInput, PauseRequest
-from workflows.refs import BatchWorkflow
+from backfill.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, SUMMARY_MEMO, initial_batch
+from backfill.messages import BatchInput, PauseRequest
+from backfill.progress import add_route_reasons
+from backfill.refs import BatchWorkflow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ async def create_batch(
         # Nothing runs: the pinned copy of the input must not outlive the failed create.
         await asyncio.to_thread(store.drop_batch_work, batch_id)
         raise
-    return BatchWorkflow.initial_batch(inp)
+    return initial_batch(inp)
 
 
 SUMMARY_BYTES = 400
@@ -313,7 +313,7 @@ async def _recorded(client: Client, desc: WorkflowExecutionDescription) -> Batch
     the workflow wrote to its memo at its last status change (status, counts, times), else the
     status in its search attribute (runs started before the memo was written)."""
     inp = await started_input(client, desc.id, BatchInput)
-    batch = inp.state.batch.model_copy(deep=True) if inp.state else BatchWorkflow.initial_batch(inp)
+    batch = inp.state.batch.model_copy(deep=True) if inp.state else initial_batch(inp)
     memo = await desc.memo_value(STATUS_MEMO, None)
     if isinstance(memo, dict):
         known = {k: v for k, v in memo.items() if k in STATUS_MEMO_FIELDS}

@@ -29,9 +29,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from api.live_traffic import LiveTraffic
 from api.temporal_link import TemporalLink
+from backfill import refs
 from backfill.ids import scheduler_workflow_id
-from workflows import refs
-from workflows.messages import LiveGateView, LiveReport
+from backfill.messages import LiveGateView, LiveReport
 
 log = logging.getLogger(__name__)
 

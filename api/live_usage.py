@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from activities.records import usage_of
+from backfill.records import usage_of
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 """Largest JSON answer kept to read its usage."""

@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
+from backfill.load_gate import ServerLoadSettings
 from backfill.store import FileObject as StoredFile
-from workflows.load_gate import ServerLoadSettings
-from workflows.windows import TimeWindow
+from backfill.windows import TimeWindow
 
 MAX_METADATA_PAIRS = 16
 

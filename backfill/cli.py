@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     if args.command == "api":
-        from api.main import UnsafeConfig, check_exposure
+        from backfill.config import UnsafeConfig, check_exposure
 
         try:
             check_exposure(settings)

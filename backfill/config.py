@@ -418,3 +418,19 @@ def load_settings(path: Path | None = None) -> Settings:
 def get_settings() -> Settings:
     """The process's settings, loaded once. Tests pass their own Settings instead."""
     return load_settings()
+
+
+class UnsafeConfig(Exception):
+    """The settings are not safe for where the api would listen."""
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse the shipped dev keys anywhere but loopback: they are in a public repository."""
+    dev = settings.shipped_dev_keys()
+    if dev and settings.api_host not in LOOPBACK_HOSTS:
+        raise UnsafeConfig(
+            f"the api would listen on {settings.api_host} with the shipped dev key "
+            f"(sk-backfill-dev or another key of the repository's backfill.toml: "
+            f"{', '.join(dev)}) configured; remove it from the config "
+            "file (BACKFILL_CONFIG) or listen on 127.0.0.1"
+        )

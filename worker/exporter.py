@@ -3,7 +3,7 @@
 Every `metrics_poll_seconds`, each worker reads, through queries (which add nothing to any
 history): every configured route's scheduler `status`, and every in-progress batch of its task
 queue (a visibility query) with its `describe` and per-route reasons, as `GET /v1/batches/{id}`
-computes them (`api.progress`). From these it sets:
+computes them (`backfill.progress`). From these it sets:
 
 - `gateway_batch_route_lines{provider,state}`: `waiting` = the scheduler's queued lines,
   `running` = the lines the route's batches report running;
@@ -28,15 +28,14 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.progress import add_route_reasons
-from backfill import metrics
+from backfill import gates, metrics
 from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
+from backfill.messages import SchedulerStatus
+from backfill.progress import add_route_reasons
+from backfill.refs import BatchWorkflow, RouteSchedulerWorkflow
 from worker.stall import StallClock, advance
-from workflows import gates
-from workflows.messages import SchedulerStatus
-from workflows.refs import BatchWorkflow, RouteSchedulerWorkflow
 
 log = logging.getLogger(__name__)
 

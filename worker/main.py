@@ -19,11 +19,12 @@ from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.heartbeat import MAX_HEARTBEAT_THROTTLE_SECONDS
 from activities.lines import LineActivities
-from activities.load_metrics import configured_bases
 from activities.retention import RetentionActivities
-from activities.server_load import ServerLoadActivities, ServerLoadReader
+from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
 from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
+from backfill.load_metrics import configured_bases
+from backfill.load_reader import ServerLoadReader
 from backfill.store import Store, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
@@ -63,7 +64,6 @@ def activities(
         control.report_demand,
         control.find_closed_batches,
         RetentionActivities(store).delete_expired_files,
-        load.read_server_load,
         load.watch_server_load,
     ]
 

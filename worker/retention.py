@@ -21,7 +21,7 @@ from temporalio.client import (
 )
 
 from backfill.config import Settings
-from workflows.messages import CleanupInput
+from backfill.messages import CleanupInput
 from workflows.retention import RetentionWorkflow
 
 log = logging.getLogger(__name__)

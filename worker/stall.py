@@ -3,7 +3,7 @@ not counting time it waited for a legitimate reason.
 
 `worker/exporter.py` samples every in-progress batch every `metrics_poll_seconds` and calls
 `advance` with the batch as its `describe` query shows it (per-route reasons filled in as
-`GET /v1/batches/{id}` fills them, `api/progress.py`). The interval since the previous sample
+`GET /v1/batches/{id}` fills them, `backfill/progress.py`). The interval since the previous sample
 counts as stalled unless the batch waits legitimately *now*; a finished line resets the clock.
 Exported as `gateway_batch_stall_seconds{batch,workspace}`; the alert is in
 deploy/prometheus/rules.yml (BackfillBatchStalled).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backfill.batches import Batch
-from workflows.gates import (
+from backfill.gates import (
     REASON_AT_LIMIT,
     REASON_BACKOFF,
     REASON_BUSY,

@@ -1,7 +1,7 @@
 """BatchWorkflow: one OpenAI batch, from validation to its output files (workflow id = batch id).
 
 Orchestration only: the per-route bookkeeping (what may start, what to tell the scheduler) lives in
-`workflows.lanes`, pure and unit-tested; every piece of I/O is an activity.
+`backfill.lanes`, pure and unit-tested; every piece of I/O is an activity.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.finalizing import FinalizeActivities
     from activities.lines import LineActivities
     from activities.validation import ValidationActivities
+    from backfill import refs
     from backfill import search_attributes as sa
     from backfill.batches import (
         Batch,
@@ -27,10 +28,8 @@ with workflow.unsafe.imports_passed_through():
         RequestCounts,
         Usage,
     )
-    from workflows import refs, run_length
-    from workflows.alarm import Alarm
-    from workflows.lanes import Lane, Tries, demand_to_report
-    from workflows.lifecycle import (
+    from backfill.lanes import Lane, Tries, demand_to_report
+    from backfill.lifecycle import (
         STATUS_MEMO,
         SUMMARY_MEMO,
         check_expiry,
@@ -45,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
         status_memo,
         transition,
     )
-    from workflows.messages import (
+    from backfill.messages import (
         Ack,
         Allotment,
         BatchInput,
@@ -59,6 +58,8 @@ with workflow.unsafe.imports_passed_through():
         RateLimited,
         ValidateInput,
     )
+    from workflows import run_length
+    from workflows.alarm import Alarm
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 LINE_HEARTBEAT_SECONDS = 7.0
@@ -105,7 +106,7 @@ class BatchWorkflow:
     @workflow.init
     def __init__(self, input: BatchInput) -> None:
         self._input: BatchInput | None = input
-        self._s: BatchState | None = input.state or BatchState(batch=self.initial_batch(input))
+        self._s: BatchState | None = input.state or BatchState(batch=initial_batch(input))
         self._dirty = False
         self._lines_this_run = 0
         self._draining = False
@@ -209,11 +210,6 @@ class BatchWorkflow:
     @property
     def _expired(self) -> bool:
         return self._b.expired_at is not None
-
-    @staticmethod
-    def initial_batch(input: BatchInput) -> Batch:
-        """The Batch object as created, before validation (also what the api answers)."""
-        return initial_batch(input)
 
     async def _validate(self, input: BatchInput) -> None:
         out = await self._through(

@@ -19,10 +19,8 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.server_load import ServerLoadActivities
-    from workflows import refs
-    from workflows.alarm import Alarm
-    from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
-    from workflows.gates import (
+    from backfill import refs
+    from backfill.gates import (
         REASON_AT_LIMIT,
         REASON_OTHERS_TURN,
         Gate,
@@ -32,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
         live_in_flight,
         route_gate,
     )
-    from workflows.messages import (
+    from backfill.messages import (
         Ack,
         Allotment,
         BatchSlot,
@@ -48,7 +46,9 @@ with workflow.unsafe.imports_passed_through():
         SchedulerStatus,
         WatchLoadInput,
     )
-    from workflows.windows import window_state
+    from backfill.windows import window_state
+    from workflows.alarm import Alarm
+    from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
 
 
 @workflow.defn

@@ -22,8 +22,8 @@ from api.console.web import SessionDep, checked_form, render, router, state
 from api.deps import ClientDep, SettingsDep
 from api.errors import InvalidRequest
 from api.schemas import BatchScheduling, SchedulingSettings
-from workflows.messages import RouteSettings
-from workflows.windows import DAYS
+from backfill.messages import RouteSettings
+from backfill.windows import DAYS
 
 LOAD_LIMITS = ("max_waiting", "max_running", "max_kv_cache_percent")
 

@@ -18,10 +18,10 @@ from temporalio.client import WorkflowExecutionStatus
 
 from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
+from backfill.lifecycle import SUMMARY_MEMO
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, auth, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until
-from workflows.lifecycle import SUMMARY_MEMO
 
 pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 

@@ -16,11 +16,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.ids import scheduler_workflow_id
+from backfill.messages import SchedulerStatus
+from backfill.refs import RouteSchedulerWorkflow
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until
-from workflows.messages import SchedulerStatus
-from workflows.refs import RouteSchedulerWorkflow
 
 ADMIN = {"Authorization": "Bearer sk-test-admin"}
 

@@ -21,7 +21,7 @@ from api.console.usage_page import daily_rows
 from api.deps import Identity
 from api.schemas import SchedulingSettings
 from backfill.config import ApiKeyConfig, Settings, hash_key
-from workflows.messages import RouteSettings
+from backfill.messages import RouteSettings
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
 

@@ -71,7 +71,7 @@ def test_every_api_error_code_is_in_the_reference(code: str) -> None:
 
 
 def input_and_line_codes() -> set[str]:
-    input_codes = set(API_CODE.findall(source("activities/input_rules.py")))
+    input_codes = set(API_CODE.findall(source("backfill/input_rules.py")))
     line_codes = set(LINE_CODE.findall(source("activities/lines.py")))
     final = set(FINAL_CODE.findall(source("activities/finalizing.py")))
     give_up = set(re.findall(r'give_up_code="([a-z_]+)"', source("workflows/*.py")))

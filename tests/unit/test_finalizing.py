@@ -10,8 +10,8 @@ import pytest
 
 from activities.finalizing import FinalizeActivities
 from activities.retention import RetentionActivities
+from backfill.messages import FinalizeInput
 from tests.unit.test_run_line import BATCH, line, make, run
-from workflows.messages import FinalizeInput
 
 
 def test_a_finished_batch_keeps_only_its_outputs_and_a_rerun_answers_the_same(
@@ -60,8 +60,8 @@ def test_finalizing_streams_its_files_in_bounded_memory(
     import os
     import tracemalloc
 
-    from activities.input_rules import validate_input
     from backfill.config import Limits, Settings
+    from backfill.input_rules import validate_input
     from backfill.store import FileStore
 
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # memory is measured here, not the disk

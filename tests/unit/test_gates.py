@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflows.gates import (
+from backfill.gates import (
     LIVE_REPORT_TTL,
     REASON_BACKOFF,
     REASON_BUSY,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from workflows.gates import Gate
-from workflows.lanes import Lane, Tries, demand_to_report
-from workflows.messages import BatchSlot, RouteSettings, SchedulerInput
+from backfill.gates import Gate
+from backfill.lanes import Lane, Tries, demand_to_report
+from backfill.messages import BatchSlot, RouteSettings, SchedulerInput
 from workflows.scheduler import scheduler_status
 
 

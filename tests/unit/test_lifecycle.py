@@ -1,4 +1,4 @@
-"""workflows.lifecycle: every status transition (legal and illegal), expiry, the extension
+"""backfill.lifecycle: every status transition (legal and illegal), expiry, the extension
 fields and the next wake-up, without a server."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import get_args
 import pytest
 
 from backfill.batches import Batch, BatchStatus, RequestCounts
-from workflows.lanes import Lane
-from workflows.lifecycle import (
+from backfill.lanes import Lane
+from backfill.lifecycle import (
     KEEPALIVE_SECONDS,
     NEXT_STATUSES,
     STAMPS,
@@ -24,7 +24,7 @@ from workflows.lifecycle import (
     status_memo,
     transition,
 )
-from workflows.messages import BatchInput
+from backfill.messages import BatchInput
 
 NOW = 1_800_000_000
 ALL: tuple[BatchStatus, ...] = get_args(BatchStatus)
@@ -183,7 +183,7 @@ def test_next_wakeup_is_the_earliest_deadline() -> None:
 
 def test_current_details_show_summary_status_progress_and_routes() -> None:
     from backfill.batches import RouteProgress
-    from workflows.lifecycle import current_details
+    from backfill.lifecycle import current_details
 
     b = initial_batch(
         BatchInput(

@@ -1,4 +1,4 @@
-"""The typed references in workflows.refs name exactly what the real workflows define."""
+"""The typed references in backfill.refs name exactly what the real workflows define."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, get_type_hints
 import pytest
 from temporalio import workflow
 
-from workflows import refs
+from backfill import refs
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
@@ -54,18 +54,3 @@ def test_handler_names_are_the_ones_running_workflows_know() -> None:
     }
     assert refs.signal_name(refs.RouteSchedulerWorkflow.demand) == "demand"
     assert refs.signal_name(refs.BatchWorkflow.set_allotment) == "set_allotment"
-
-
-def test_initial_batch_is_the_workflows() -> None:
-    from workflows.messages import BatchInput
-
-    inp = BatchInput(
-        batch_id="batch_x",
-        workspace="w",
-        input_file_id="file_x",
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-        created_at=1000,
-    )
-    assert refs.BatchWorkflow.initial_batch(inp) == BatchWorkflow.initial_batch(inp)
-    assert refs.BatchWorkflow.initial_batch(inp).expires_at == 1000 + 24 * 3600

@@ -16,8 +16,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.lines import MAX_RESENDS, LineActivities
 from activities.validation import ValidationActivities
 from backfill.config import Settings
+from backfill.messages import LineInput, ValidateInput
 from backfill.store import FileStore
-from workflows.messages import LineInput, ValidateInput
 
 BATCH = "batch_unit"
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -15,23 +15,22 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from activities.load_metrics import (
+from backfill.load_gate import (
+    SERVER_BUSY,
+    SERVER_METRICS_UNAVAILABLE,
+    LoadReading,
+    ServerLoadSettings,
+    load_gate,
+)
+from backfill.load_metrics import (
     approve_metrics_url,
     approved_bases,
     metrics_url_for,
     parse_load,
     parse_local_upstreams,
 )
-from activities.server_load import ServerLoadActivities, ServerLoadReader
+from backfill.load_reader import ServerLoadReader
 from backfill.sim import SimConfig, SimServer
-from workflows.load_gate import (
-    SERVER_BUSY,
-    SERVER_METRICS_UNAVAILABLE,
-    LoadReading,
-    ReadServerLoadInput,
-    ServerLoadSettings,
-    load_gate,
-)
 
 CAPTURES = Path(__file__).parent.parent / "fixtures" / "server-metrics"
 T = 1_760_000_000
@@ -498,12 +497,6 @@ async def test_proxy_variables_are_ignored(
     assert r.error is None and len(upstream.requests) == 1
 
 
-async def test_activity_reads_through_the_reader(upstream: Upstream) -> None:
-    activities = ServerLoadActivities(reader_for(upstream.base_url))
-    r = await activities.read_server_load(ReadServerLoadInput(metrics_url=upstream.metrics_url))
-    assert values(r) == (3.0, 5.0, 50.0)
-
-
 async def test_reads_the_simulator() -> None:
     async with SimServer(SimConfig(max_num_seqs=4, latency_ms=0)) as sim:
         url = sim.url + "/metrics"
@@ -524,7 +517,7 @@ async def test_reads_the_simulator() -> None:
 def test_a_reading_is_exported_per_signal_and_a_failed_one_as_an_error() -> None:
     from prometheus_client import REGISTRY
 
-    from activities.server_load import export_reading
+    from backfill.load_reader import export_reading
 
     def sample(name: str, **labels: str) -> float | None:
         return REGISTRY.get_sample_value(name, labels)

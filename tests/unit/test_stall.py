@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from backfill import gates
 from backfill.batches import BackfillExtension, Batch, RouteProgress
+from backfill.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
 from backfill.metrics import outcome_class
 from worker.exporter import route_reason
 from worker.stall import StallClock, advance, waits_legitimately
-from workflows import gates
-from workflows.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
 
 
 def batch(*routes: RouteProgress, paused: bool = False, status: str = "in_progress") -> Batch:

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from activities.finalizing import FinalizeActivities
 from activities.lines import RETRYABLE_STATUS
-from activities.records import STRICT_JSON, outcome_from_record, usage_of
+from backfill.messages import FinalizeInput
+from backfill.records import STRICT_JSON, outcome_from_record, usage_of
 from tests.unit.test_run_line import BATCH, line, make, record, run
-from workflows.messages import FinalizeInput
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Unit tests for activities.input_rules (pure functions, no server)."""
+"""Unit tests for backfill.input_rules (pure functions, no server)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any, BinaryIO, cast
 
 import pytest
 
-from activities import input_rules as validation
-from activities.input_rules import ValidationOutcome, validate_input
+from backfill import input_rules as validation
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings
+from backfill.input_rules import ValidationOutcome, validate_input
 from backfill.store import RouteLines
 
 CHAT = "/v1/chat/completions"

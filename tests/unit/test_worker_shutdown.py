@@ -14,9 +14,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.server_load import ServerLoadActivities
 from backfill.config import Limits, Settings
+from backfill.load_gate import LoadReading, ServerLoadSettings
+from backfill.messages import WatchLoadInput
 from worker.main import StopSignals
-from workflows.load_gate import LoadReading, ServerLoadSettings
-from workflows.messages import WatchLoadInput
 
 
 def test_grace_defaults_to_the_line_timeout() -> None:

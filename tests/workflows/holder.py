@@ -7,7 +7,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.messages import Allotment
+    from backfill.messages import Allotment
 
 
 @workflow.defn

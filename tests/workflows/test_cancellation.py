@@ -26,15 +26,11 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
-from activities.records import END_MESSAGES
 from activities.validation import ValidationActivities
 from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
-from backfill.store import FileStore
-from tests.conftest import TemporalServer
-from workflows.batch import BatchWorkflow
-from workflows.messages import (
+from backfill.messages import (
     BatchInput,
     ClosedBatchesInput,
     ClosedBatchesOutput,
@@ -46,6 +42,10 @@ from workflows.messages import (
     ValidateInput,
     ValidateOutput,
 )
+from backfill.records import END_MESSAGES
+from backfill.store import FileStore
+from tests.conftest import TemporalServer
+from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -27,11 +27,11 @@ from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from backfill.batches import Batch
 from backfill.dev.devserver import DevServer, connect_client, free_port
+from backfill.messages import BatchInput
 from tests.conftest import TemporalServer
 from tests.workflows.test_expiry import Harness, harness_worker
 from workflows import run_length
 from workflows.batch import BatchWorkflow
-from workflows.messages import BatchInput
 from workflows.scheduler import RouteSchedulerWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

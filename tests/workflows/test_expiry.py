@@ -25,16 +25,17 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.control import ControlActivities, signal_demand
+from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
-from activities.records import END_MESSAGES
 from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.dev.devserver import test_server_path
+from backfill.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
+from backfill.records import END_MESSAGES
+from backfill.schedulers import signal_demand
 from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow
 from workflows.batch import BatchWorkflow
-from workflows.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
 from workflows.scheduler import RouteSchedulerWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

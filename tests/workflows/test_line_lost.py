@@ -17,10 +17,10 @@ import pytest_asyncio
 from temporalio import activity
 
 from activities.lines import LineActivities
+from backfill.messages import LineInput, LineOutcome
 from backfill.sim import SimServer
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import MAX_LOST_ATTEMPTS, BatchWorkflow
-from workflows.messages import LineInput, LineOutcome
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

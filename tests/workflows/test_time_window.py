@@ -20,15 +20,15 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from backfill import refs
 from backfill.batches import Batch
+from backfill.gates import REASON_BACKOFF
 from backfill.ids import scheduler_workflow_id
+from backfill.messages import LineInput, LineOutcome, PauseRequest, RouteSettings, SchedulerInput
+from backfill.windows import TimeWindow
 from tests.polling import poll_until
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
-from workflows import refs
 from workflows.batch import BatchWorkflow
-from workflows.gates import REASON_BACKOFF
-from workflows.messages import LineInput, LineOutcome, PauseRequest, RouteSettings, SchedulerInput
-from workflows.windows import TimeWindow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

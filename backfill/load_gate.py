@@ -1,7 +1,7 @@
 """The server-load gate: its settings, one reading of the model server's load, and the decision.
 
 Pure (pydantic only, no I/O, no clock): the route scheduler calls `load_gate` with the latest
-`LoadReading` (from the `read_server_load` activity, activities/server_load.py). It fails closed:
+`LoadReading` (read by `backfill.load_reader.ServerLoadReader`). It fails closed:
 no reading, an unreadable one, or a missing gauge that has a limit closes the gate as
 "Server metrics unavailable" (decision 0011).
 """
@@ -19,7 +19,6 @@ __all__ = [
     "GateState",
     "LoadDecision",
     "LoadReading",
-    "ReadServerLoadInput",
     "ServerLoadSettings",
     "load_gate",
 ]
@@ -35,7 +34,7 @@ class ServerLoadSettings(BaseModel):
     """The settings document's `server_load`: a metrics URL and at least one limit.
 
     Whether the URL is an approved upstream's is checked where the setting is saved
-    (`activities.load_metrics.approve_metrics_url`), and again by the reader before any fetch."""
+    (`backfill.load_metrics.approve_metrics_url`), and again by the reader before any fetch."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -91,15 +90,6 @@ class LoadReading(BaseModel):
     """When the reading was taken (Unix seconds)."""
     error: str | None = None
     """Why the metrics could not be read (then every value is None)."""
-
-
-class ReadServerLoadInput(BaseModel):
-    """Input of the `read_server_load` activity."""
-
-    model_config = ConfigDict(frozen=True)
-
-    metrics_url: str
-    """The route's `server_load.metrics_url` (checked against the approved list again)."""
 
 
 class LoadDecision(NamedTuple):

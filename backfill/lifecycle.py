@@ -15,8 +15,8 @@ from backfill.batches import (
     BatchStatus,
     RouteProgress,
 )
-from workflows.lanes import Lane
-from workflows.messages import BatchInput, EndReason
+from backfill.lanes import Lane
+from backfill.messages import BatchInput, EndReason
 
 
 def initial_batch(input: BatchInput) -> Batch:

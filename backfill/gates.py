@@ -135,7 +135,7 @@ def route_gate(
 ) -> Gate:
     """Whether a new line may start on the route at `now`, checking every gate.
 
-    - `window_open` / `window_changes_at`: the time window's answer (`workflows.windows`).
+    - `window_open` / `window_changes_at`: the time window's answer (`backfill.windows`).
     - `backoff`: the route's rate-limit back-off.
     - `live_threshold`: "Yield to live traffic" (None: off); `live`: each api process's count.
     - `load_state`: the server-load signal's last verdict, "open", "busy" or "unavailable"

@@ -13,7 +13,7 @@ import secrets
 from typing import Any
 
 from backfill.batches import TokenCounts
-from workflows.messages import LineOutcome
+from backfill.messages import LineOutcome
 
 END_MESSAGES = {
     "batch_expired": "This request could not be executed before the completion window expired.",

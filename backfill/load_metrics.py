@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from backfill.config import Settings
-from workflows.load_gate import LoadReading
+from backfill.load_gate import LoadReading
 
 __all__ = [
     "approve_metrics_url",

@@ -11,7 +11,7 @@ from temporalio.client import Client, WorkflowExecutionDescription
 
 from backfill.batches import Batch, RouteProgress
 from backfill.ids import scheduler_workflow_id
-from workflows.refs import RouteSchedulerWorkflow
+from backfill.refs import RouteSchedulerWorkflow
 
 log = logging.getLogger(__name__)
 

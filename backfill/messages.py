@@ -11,10 +11,10 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from backfill.batches import Batch, BatchError, TokenCounts
-from workflows.gates import Backoff, LiveCount
-from workflows.lanes import Lane
-from workflows.load_gate import LoadReading, ServerLoadSettings
-from workflows.windows import TimeWindow
+from backfill.gates import Backoff, LiveCount
+from backfill.lanes import Lane
+from backfill.load_gate import LoadReading, ServerLoadSettings
+from backfill.windows import TimeWindow
 
 EndReason = Literal["completed", "expired", "cancelled"]
 

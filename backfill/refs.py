@@ -7,7 +7,7 @@ type name and the name and types of every run method, signal, query and update, 
 no state, no behaviour (the bodies are never called), so importing it imports no workflow code and
 no cycle can form. `tests/unit/test_refs.py` checks each against the real workflow class.
 
-Rule: `activities/` and `api/` import `workflows.messages`, `workflows.refs` and pure modules,
+Rule: `activities/` and `api/` import `backfill.messages`, `backfill.refs` and pure modules,
 never `workflows.batch` or `workflows.scheduler` (docs/decisions/0008).
 """
 
@@ -19,8 +19,7 @@ from typing import Any
 from temporalio import workflow
 
 from backfill.batches import Batch
-from workflows.lifecycle import initial_batch
-from workflows.messages import (
+from backfill.messages import (
     Ack,
     Allotment,
     BatchInput,
@@ -43,11 +42,6 @@ class BatchWorkflow:
     @workflow.run
     async def run(self, input: BatchInput) -> Batch:
         raise NotImplementedError
-
-    @staticmethod
-    def initial_batch(input: BatchInput) -> Batch:
-        """The Batch object as created, before validation (also what the api answers)."""
-        return initial_batch(input)
 
     @workflow.signal
     def set_allotment(self, a: Allotment) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from backfill.gates import backoff_delay
 from backfill.ids import scheduler_workflow_id
-from workflows.gates import backoff_delay
 
 
 class Tries(BaseModel):
