@@ -141,7 +141,15 @@ async def list_files(
     workspace = None if identity.can_see(None) else identity.workspace
     stored = await asyncio.to_thread(store.list_files, workspace)
     files = [f for f in stored if purpose is None or f.purpose == purpose]
-    files.sort(key=lambda f: (f.created_at, f.id), reverse=order == "desc")
+    return file_page(files, after=after, limit=limit, newest_first=order == "desc")
+
+
+def file_page(
+    files: list[StoredFile], *, after: str | None, limit: int, newest_first: bool = True
+) -> FileList:
+    """One page of a file listing, OpenAI's way: sorted by creation time (ties by id), starting
+    after the file `after` names (400 if it is not in the listing), at most `limit` files."""
+    files = sorted(files, key=lambda f: (f.created_at, f.id), reverse=newest_first)
     if after is not None:
         ids = [f.id for f in files]
         if after not in ids:
