@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from backfill.config import Settings
-from backfill.s3store import S3Store
 from backfill.store import FileStore, FileTooLarge, RouteLines, Store, chunks, open_store
+from backfill.store.s3 import S3Store
 from tests.s3server import BUCKET, CREDENTIALS, client, threaded_moto
 
 MiB = 1 << 20

@@ -139,7 +139,7 @@ def open_fds() -> int:
 def test_lines_are_read_through_a_bounded_set_of_kept_handles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("backfill.store.READ_HANDLES", 6)
+    monkeypatch.setattr("backfill.store.local.READ_HANDLES", 6)
     store = FileStore(tmp_path)
     before = open_fds()
     batches = {}

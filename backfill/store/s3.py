@@ -39,12 +39,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from backfill.ids import is_batch_id, is_file_id, new_file_id
-from backfill.store import (
-    FINALIZED,
-    FileObject,
-    Store,
-    Upload,
-)
+from backfill.store.base import FINALIZED, FileObject, Store, Upload
 
 if TYPE_CHECKING:
     from backfill.config import Settings
