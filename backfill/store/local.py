@@ -53,7 +53,7 @@ class FileStore(Store):
     def begin_upload(self, max_bytes: int, file_id: str | None = None) -> FileUpload:
         return FileUpload(self, max_bytes)  # the name is given by `finish` (a rename)
 
-    def _publish(self, data_path: Path, obj: FileObject) -> None:
+    def _publish_temp(self, data_path: Path, obj: FileObject) -> None:
         """Publish a finished temp file (in this store's directory) as `obj`; an existing file
         of that id is replaced."""
         os.chmod(data_path, FILE_MODE)
@@ -122,7 +122,7 @@ class FileStore(Store):
             raise KeyError(batch_id)
         return self._batches / batch_id
 
-    def _write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
+    def write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
         d = self._batch_dir(batch_id)
         _mkdir(d)
         _atomic_write(d / name, data)
@@ -292,14 +292,14 @@ class FileUpload(Upload):
         self._path = store._temp_path()
         self._f = open(self._path, "wb")  # noqa: SIM115 - closed in finish/abort
 
-    def _write(self, chunk: bytes) -> None:
+    def write_chunk(self, chunk: bytes) -> None:
         self._f.write(chunk)
 
-    def _publish(self, obj: FileObject) -> None:
+    def publish(self, obj: FileObject) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        self.store._publish(self._path, obj)
+        self.store._publish_temp(self._path, obj)
 
     def abort(self) -> None:
         if not self._f.closed:
