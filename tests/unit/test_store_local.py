@@ -1,25 +1,21 @@
-"""The file store: permissions, streaming cap, first-writer-wins results, pinned inputs."""
+"""The local store's own guarantees: file modes whatever the umask, durable commits (fsynced
+directories), lines read through a bounded set of kept handles. What every store does is in
+test_store_contract.py."""
 
 from __future__ import annotations
 
 import os
 import stat
-from array import array
 from pathlib import Path
 
 import pytest
 
-from backfill.store import FileStore, FileTooLarge, RouteLines
+from backfill.store import FileStore
+from tests.stores import indexed_batch, upload
 
 
 def mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
-
-
-def upload(store: FileStore, data: bytes, cap: int = 1 << 20) -> str:
-    up = store.begin_upload(cap)
-    up.write(data)
-    return up.finish(workspace="w", filename="in.jsonl", purpose="batch").id
 
 
 def test_files_are_0600_and_directories_0750(tmp_path: Path) -> None:
@@ -32,52 +28,6 @@ def test_files_are_0600_and_directories_0750(tmp_path: Path) -> None:
     store.commit_result("batch_abc", 3, b"{}")
     result = tmp_path / "s" / "batches" / "batch_abc" / "results" / "00000" / "3.json"
     assert mode(result) == 0o600 and mode(result.parent) == 0o750
-
-
-def test_upload_cap_is_enforced_while_streaming(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    up = store.begin_upload(10)
-    up.write(b"x" * 10)
-    with pytest.raises(FileTooLarge):
-        up.write(b"y")
-    up.abort()
-    assert list((tmp_path / "files").iterdir()) == []
-
-
-def test_first_result_wins(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    assert store.commit_result("batch_x", 0, b"first") == (b"first", True)
-    assert store.commit_result("batch_x", 0, b"second") == (b"first", False)
-    assert store.get_result("batch_x", 0) == b"first"
-    assert store.get_result("batch_x", 1) is None
-    leftovers = [p for p in (tmp_path / "batches").rglob(".tmp-*")]
-    assert leftovers == []
-
-
-def test_index_and_pinned_input_survive_deleting_the_upload(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    data = b'{"custom_id":"a"}\n{"custom_id":"b"}\n'
-    file_id = upload(store, data)
-    store.snapshot_input("batch_y", file_id)
-    store.write_index(
-        "batch_y",
-        array("Q", [0, 18]),
-        array("I", [17, 17]),
-        [RouteLines("r", "m", 2)],
-        [array("I", [0, 1])],
-    )
-    assert store.delete_file(file_id)
-    assert store.get_file(file_id) is None
-    assert store.read_line("batch_y", file_id, 1) == b'{"custom_id":"b"}'
-    assert store.line_number("batch_y", 0, 1) == 1
-    assert [raw for _, raw in store.iter_lines("batch_y", file_id)] == data.split(b"\n")[:2]
-
-
-def test_ids_outside_the_store_are_refused(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    assert store.get_file("../../etc/passwd") is None
-    with pytest.raises(KeyError):
-        store.commit_result("../x", 0, b"")
 
 
 def test_every_directory_level_the_store_creates_is_0750_whatever_the_umask(
@@ -118,20 +68,6 @@ def test_a_committed_result_and_a_published_file_are_durable_in_their_directory(
     assert synced == []
 
 
-def _indexed(store: FileStore, batch_id: str, lines: list[bytes]) -> str:
-    """A batch whose index and pinned input are written, as validation leaves them."""
-    file_id = upload(store, b"".join(line + b"\n" for line in lines))
-    store.snapshot_input(batch_id, file_id)
-    offsets, lengths, pos = array("Q"), array("I"), 0
-    for line in lines:
-        offsets.append(pos)
-        lengths.append(len(line))
-        pos += len(line) + 1
-    nums = array("I", reversed(range(len(lines))))  # the route lists them backwards
-    store.write_index(batch_id, offsets, lengths, [RouteLines("r", "m", len(lines))], [nums])
-    return file_id
-
-
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -146,7 +82,7 @@ def test_lines_are_read_through_a_bounded_set_of_kept_handles(
     for b in range(5):  # 4 files a batch: 20 handles asked for, 6 kept
         batch_id = f"batch_b{b}"
         lines = [b'{"custom_id":"%d-%d"}' % (b, i) for i in range(3)]
-        batches[batch_id] = file_id = _indexed(store, batch_id, lines)
+        batches[batch_id] = file_id = indexed_batch(store, batch_id, lines)
         for position in range(3):
             line_no = store.line_number(batch_id, 0, position)
             assert line_no == 2 - position
@@ -155,12 +91,3 @@ def test_lines_are_read_through_a_bounded_set_of_kept_handles(
     # the first batch's handles were let go; its lines are read again all the same
     assert store.read_line("batch_b0", batches["batch_b0"], 1) == b'{"custom_id":"0-1"}'
     assert open_fds() - before <= 6
-
-
-def test_a_dropped_batch_reads_no_lines_even_through_kept_handles(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-    file_id = _indexed(store, "batch_d", [b'{"custom_id":"a"}'])
-    assert store.read_line("batch_d", file_id, store.line_number("batch_d", 0, 0))
-    store.drop_batch_work("batch_d")
-    with pytest.raises(FileNotFoundError):
-        store.line_number("batch_d", 0, 0)
