@@ -68,10 +68,10 @@ from worker.main import ACTIVITY_POLLERS, eager_options, running_worker  # noqa:
 from worker.upstream import upstream_client  # noqa: E402
 from workflows.batch import (  # noqa: E402
     LINE_HEARTBEAT_SECONDS,
-    LINES_PER_RUN,
     BatchInput,
     BatchWorkflow,
 )
+from workflows.patches import LINES_PER_RUN  # noqa: E402
 
 MODEL = "bench"
 EAGER_DEFAULT: int = Settings.model_fields["worker_eager_activities"].default
