@@ -2,11 +2,11 @@
 
 Orchestration only. Decisions are pure and unit-tested elsewhere: what may start and what to tell
 a scheduler in `backfill.lanes`, statuses, progress and deadlines in `backfill.lifecycle`, the
-run's length in `run_length`. Helpers the workflow holds: `CancelRequests` (a Temporal
-cancellation request means the `cancel` signal), `SchedulerLink` (demand, acks and back-off
-reports to the routes' schedulers), `BatchView` (search attributes, memo, UI details), `Alarm`
-(one timer for the next deadline). Every `workflow.patched` id and its history: `patches`.
-Every piece of I/O is an activity.
+run's length in `run_length`. Helpers: `CancelRequests` (a Temporal cancellation request means
+the `cancel` signal), `SchedulerLink` (demand, acks and back-off reports to the routes'
+schedulers), `BatchView` (search attributes, memo, UI details), `Alarm` (one timer for the next
+deadline), `line_activity` (how a line's activity is called). Every `workflow.patched` id and
+its history: `patches`. Every piece of I/O is an activity.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.finalizing import FinalizeActivities
-    from activities.lines import LineActivities
     from activities.validation import ValidationActivities
     from backfill.batches import Batch, BatchErrors, RequestCounts, Usage
     from backfill.lanes import Lane, Tries
@@ -40,22 +39,14 @@ with workflow.unsafe.imports_passed_through():
         BatchState,
         EndReason,
         FinalizeInput,
-        LineInput,
-        LineOutcome,
         PauseRequest,
         ValidateInput,
     )
-    from workflows import patches, run_length
+    from workflows import line_activity, patches, run_length
     from workflows.alarm import Alarm
     from workflows.cancellation import CancelRequests
     from workflows.scheduler_link import SchedulerLink
     from workflows.ui import BatchView
-
-NO_RETRY = RetryPolicy(maximum_attempts=1)
-LINE_HEARTBEAT_SECONDS = 7.0
-"""A line's heartbeat timeout when its batch's input names none (batches created before
-`limits.line_heartbeat_timeout_seconds`; it was 10 s then)."""
-MAX_LOST_ATTEMPTS = 5
 
 
 @workflow.defn
@@ -88,7 +79,7 @@ class BatchWorkflow:
             self._dirty = False
             self._cancellation.check()
             check_expiry(self._b, self._lanes, _now())
-            ending = self._b.status in ("cancelling",) or self._expired
+            ending = self._ending
             running = sum(lane.running for lane in self._lanes)
             if running == 0 and (ending or all(lane.done for lane in self._lanes)):
                 break
@@ -199,36 +190,9 @@ class BatchWorkflow:
                 task.add_done_callback(self._tasks.discard)
 
     async def _run_line(self, lane: Lane, position: int, tries: Tries) -> None:
-        lost_too_often = tries.lost >= MAX_LOST_ATTEMPTS
-        line = LineInput(
-            batch_id=self._b.id,
-            input_file_id=self._b.input_file_id,
-            endpoint=self._b.endpoint,
-            route_id=lane.route_id,
-            route_index=lane.index,
-            position=position,
-            final_attempt=tries.retries >= self._input.max_line_retries,
-            give_up_code="line_lost" if lost_too_often else None,
-            give_up_message=(
-                f"The request's worker was lost {tries.lost} times; it was not retried again."
-                if lost_too_often
-                else None
-            ),
-            timeout_seconds=self._input.line_timeout_seconds,
-            priority=lane.priority,
-            workspace=self._input.workspace,
-            key_id=self._input.key_id,
-        )
+        line = line_activity.line_input(self._input, self._b, lane, position, tries)
         try:
-            outcome: LineOutcome = await workflow.execute_activity_method(
-                LineActivities.run_line,
-                line,
-                start_to_close_timeout=timedelta(seconds=self._input.line_timeout_seconds + 60),
-                heartbeat_timeout=timedelta(
-                    seconds=self._input.line_heartbeat_timeout_seconds or LINE_HEARTBEAT_SECONDS
-                ),
-                retry_policy=NO_RETRY,
-            )
+            outcome = await line_activity.run_line(self._input, line)
         except ActivityError as err:
             if self._cancellation.cancelled_line(err):
                 workflow.logger.info("line %s/%s cancelled", lane.route_id, position)
