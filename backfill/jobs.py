@@ -172,7 +172,8 @@ class Job(BaseModel):
     """When it reached its final state (completed, failed or cancelled)."""
     attempts: int = 0
     """Sends of the request the gateway kept: 0 before it is sent, 1 once it runs or has
-    an answer. A send answered 429/503 and automatically retried is not counted."""
+    an answer. A send answered 429/502/503/504 (or whose connection failed) and sent again is
+    not counted."""
     request_id: str | None = None
     """The `X-Request-ID` of the latest attempt kept (null until it has an answer)."""
     status_code: int | None = None
