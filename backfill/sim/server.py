@@ -37,6 +37,7 @@ import uvicorn
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from backfill.endpoints import REGISTRY, EndpointSpec
 from backfill.sim.faults import FaultAction, FaultInjector, SimFault
 from backfill.sim.gpu import (
     FINISHED,
@@ -50,8 +51,7 @@ from backfill.sim.gpu_reply import GpuReply
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
-_CHAT, _COMPLETIONS, _EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-_REQUIRED = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input"}
+_CHAT, _EMBEDDINGS = "chat", "embedding"  # `EndpointSpec.sim_answer` values
 _REPLY_WORDS = 16  # default reply length (words == tokens here) unless max_tokens is lower
 _ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
 Header = tuple[bytes, bytes]
@@ -300,14 +300,15 @@ def _opt_int(raw: dict[str, Any], name: str, default: int | None, lo: int = 1) -
     return v
 
 
-def _parse(kind: str, body: bytes) -> _Req:
+def _parse(spec: EndpointSpec, body: bytes) -> _Req:
+    kind = spec.sim_answer
     try:
         raw = json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise _BadRequest(f"Invalid JSON in request body: {e}") from None
     if not isinstance(raw, dict):
         raise _BadRequest("Request body must be a JSON object")
-    model, required = raw.get("model"), _REQUIRED[kind]
+    model, required = raw.get(spec.model_field), spec.input_field
     if not isinstance(model, str) or not model:
         raise _BadRequest("Field required: 'model'")
     if raw.get(required) is None:
@@ -447,12 +448,12 @@ class SimApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path, method = scope["path"], scope["method"]
-            if path in _REQUIRED and method == "POST":
-                await self._inference(path, scope, receive, send)
+            if (spec := REGISTRY.get(path)) is not None and method == "POST":
+                await self._inference(spec, scope, receive, send)
             elif (route := self._routes.get((method, path))) is not None:
                 await route(receive, send)
             else:
-                known = path in _REQUIRED or any(p == path for _, p in self._routes)
+                known = path in REGISTRY or any(p == path for _, p in self._routes)
                 await _send_json(send, 405 if known else 404, {"detail": "Not Found"})
         elif scope["type"] == "lifespan":
             while True:
@@ -479,7 +480,9 @@ class SimApp:
             return self.engine.kv_cache_usage
         return min(1.0, self.scheduler.running * self._kv_per_request)
 
-    async def _inference(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _inference(
+        self, spec: EndpointSpec, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
         batch = headers.get(_BATCH_KEY)
         rid = headers.get(b"x-request-id")
@@ -487,16 +490,22 @@ class SimApp:
         self.stats.begin(batch)
         status = _ABORTED
         try:
-            status = await self._serve(path, headers, request_id, receive, send)
+            status = await self._serve(spec, headers, request_id, receive, send)
         finally:
             self.stats.end(batch, status)
 
     async def _serve(
-        self, path: str, headers: dict[bytes, bytes], rid: str, receive: Receive, send: Send
+        self,
+        spec: EndpointSpec,
+        headers: dict[bytes, bytes],
+        rid: str,
+        receive: Receive,
+        send: Send,
     ) -> int:
+        path = spec.path
         hdrs = [(b"x-request-id", rid.encode("latin-1"))]
         try:
-            req = _parse(path, await _read_body(receive))
+            req = _parse(spec, await _read_body(receive))
         except _BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
         self._see(path, headers, req)

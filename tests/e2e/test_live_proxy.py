@@ -172,6 +172,43 @@ async def test_errors_come_back_in_the_envelope(live: Stack) -> None:
     assert await in_flight(live) == 0
 
 
+async def test_bodies_that_are_not_strict_json_are_refused_with_400(live: Stack) -> None:
+    """Nesting past the limit (a 500 with a traceback before) and numbers Python reads as
+    infinity (sent on as `Infinity` before) are the client's error, and never reach upstream."""
+    head = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "x": '
+    async with httpx.AsyncClient(base_url=live.api_url, headers=auth()) as http:
+        before = len(live.sim.app.seen)
+        for levels in (1000, 100_000):
+            deep = head + b"[" * levels + b"]" * levels + b"}"
+            err = assert_error(await http.post("/v1/chat/completions", content=deep), 400)
+            assert "more than 128 levels deep" in err["message"]
+        for number in (b"1e999", b"-1E+400", b"NaN"):
+            body = head + number + b"}"
+            err = assert_error(await http.post("/v1/chat/completions", content=body), 400)
+            assert "not valid JSON" in err["message"]
+        assert len(live.sim.app.seen) == before
+        # 128 levels in all is accepted and forwarded.
+        fine = head + b"[" * 126 + b"]" * 126 + b"}"
+        assert (await http.post("/v1/chat/completions", content=fine)).status_code == 200
+    assert await in_flight(live) == 0
+
+
+async def test_a_client_priority_never_reaches_the_model_server(live: Stack) -> None:
+    """Only the gateway sets `priority` (on batch lines): a client's own is dropped."""
+    oa = live.client()
+    chat = await oa.chat.completions.create(
+        model="demo",
+        messages=MSG,  # type: ignore[arg-type]
+        extra_body={"priority": -100},
+    )
+    assert chat.choices[0].message.content
+    seen = live.sim.app.seen[-1]
+    assert seen.path == "/v1/chat/completions" and not seen.has_priority
+    emb = await oa.embeddings.create(model="demo", input="x", extra_body={"priority": -100})
+    assert emb.data and not live.sim.app.seen[-1].has_priority
+    assert live.sim.app.stats_dict()["priorities_seen"].keys() <= {"0"}
+
+
 async def test_upstream_4xx_5xx_pass_through(live: Stack) -> None:
     oa = live.client()
     sim = live.sim.app
