@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
 """The batch endpoints (`POST /v1/batches` `endpoint`), as a type for the OpenAPI document."""
 
 InputShape = Literal["messages", "text_or_array"]
 """`messages`: a non-empty array; `text_or_array`: a string or an array."""
-SimAnswer = Literal["chat", "completion", "embedding"]
+SimAnswer = Literal["chat", "completion", "embedding", "response"]
 """Which answer body the simulator builds."""
 
 
@@ -42,6 +42,14 @@ class UsageFields:
 
 CHAT_USAGE = UsageFields()
 """OpenAI's Chat Completions / Completions / Embeddings usage."""
+RESPONSES_USAGE = UsageFields(
+    input="input_tokens",
+    output="output_tokens",
+    cached=("input_tokens_details", "cached_tokens"),
+    reasoning=("output_tokens_details", "reasoning_tokens"),
+    in_stream=("response", "usage"),  # in the `response.completed` event
+)
+"""The Responses API's usage."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ REGISTRY: dict[str, EndpointSpec] = {
         EndpointSpec("/v1/chat/completions", "messages", "messages", "chat"),
         EndpointSpec("/v1/completions", "prompt", "text_or_array", "completion"),
         EndpointSpec("/v1/embeddings", "input", "text_or_array", "embedding", streams=False),
+        EndpointSpec("/v1/responses", "input", "text_or_array", "response", usage=RESPONSES_USAGE),
     )
 }
 """Every endpoint, by path."""

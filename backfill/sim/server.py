@@ -1,11 +1,11 @@
 """vLLM-like OpenAI-compatible model server simulator: the demo, test and benchmark upstream.
 
 ``create_app(config)`` returns a lean raw-ASGI app (no framework in the hot path) that serves
-``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` with deterministic bodies,
-models a vLLM engine's capacity (``max_num_seqs`` running, the rest waiting FCFS or by priority),
-exports vLLM's scheduler gauges on ``/metrics`` and offers test hooks under ``/sim/*``
-(fault injection, traffic statistics). ``SimServer`` runs it on loopback inside the current event
-loop; ``main()`` is the ``backfill sim`` command line.
+every endpoint of the registry (``backfill.endpoints``: chat, completions, embeddings, responses)
+with deterministic bodies, models a vLLM engine's capacity (``max_num_seqs`` running, the rest
+waiting FCFS or by priority), exports vLLM's scheduler gauges on ``/metrics`` and offers test
+hooks under ``/sim/*`` (fault injection, traffic statistics). ``SimServer`` runs it on loopback
+inside the current event loop; ``main()`` is the ``backfill sim`` command line.
 
 Two capacity models: by default each request holds a slot for a fixed latency; with
 ``SimConfig.gpu`` (``--gpu``) a continuous-batching engine (``backfill.sim.gpu``) decides when each
@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from backfill.endpoints import REGISTRY, EndpointSpec
+from backfill.sim import responses
 from backfill.sim.faults import FaultAction, FaultInjector, SimFault
 from backfill.sim.gpu import (
     FINISHED,
@@ -51,7 +52,7 @@ from backfill.sim.gpu_reply import GpuReply
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
-_CHAT, _EMBEDDINGS = "chat", "embedding"  # `EndpointSpec.sim_answer` values
+_CHAT, _EMBEDDINGS, _RESPONSE = "chat", "embedding", "response"  # `EndpointSpec.sim_answer`
 _REPLY_WORDS = 16  # default reply length (words == tokens here) unless max_tokens is lower
 _ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
 Header = tuple[bytes, bytes]
@@ -318,10 +319,19 @@ def _parse(spec: EndpointSpec, body: bytes) -> _Req:
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
             raise _BadRequest("'messages' must be a non-empty list of message objects")
         texts = [_content(m) for m in msgs]
+    elif kind == _RESPONSE:
+        found = responses.input_texts(raw[required])
+        if found is None:
+            raise _BadRequest(f"'{required}' must be a string or a non-empty list of items")
+        texts = found
     else:
         texts = _texts(raw[required], required)
     priority = _opt_int(raw, "priority", 0, lo=-(2**63))
-    max_tokens = _opt_int(raw, "max_completion_tokens", None) or _opt_int(raw, "max_tokens", None)
+    max_tokens = (
+        _opt_int(raw, "max_completion_tokens", None)
+        or _opt_int(raw, "max_tokens", None)
+        or _opt_int(raw, "max_output_tokens", None)
+    )
     opts = raw.get("stream_options")
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
     n = _opt_int(raw, "n", 1)
@@ -521,7 +531,7 @@ class SimApp:
         if action is not None and (action.drop or action.status is not None):
             return await self._fail(action, hdrs, receive, send)
         fault_delay = action.delay_s if action else 0.0
-        if self.engine is not None:
+        if self.engine is not None and req.kind != _RESPONSE:  # GPU mode: chat-shaped only
             traffic: TrafficClass = "live" if _BATCH_KEY not in headers else "batch"
             return await self._respond_gpu(
                 self.engine, req, traffic, fault_delay, hdrs, receive, send
@@ -602,6 +612,8 @@ class SimApp:
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": prompt_tokens})
             return await _send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
+        if req.kind == _RESPONSE:
+            return await self._respond_response(req, prompt_tokens, hdrs, receive, send)
         chat = req.kind == _CHAT
         prompts = req.texts[-1:] if chat else req.texts
         replies = [_reply("Simulated", p, req.max_tokens) for p in prompts]
@@ -689,6 +701,31 @@ class SimApp:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         self.stats.served(req, usage)
+        return 200
+
+    async def _respond_response(
+        self, req: _Req, prompt_tokens: int, hdrs: list[Header], receive: Receive, send: Send
+    ) -> int:
+        """`/v1/responses`: a Response object, or its events when `stream` is set."""
+        words, reason = _reply("Simulated", req.texts[-1], req.max_tokens)
+        self.stats.generation_tokens += len(words)
+        self.stats.success_by_reason[reason] += 1
+        usage = responses.usage(prompt_tokens, len(words))
+        reply = responses.ResponseReply(req.model, words, reason)
+        served = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words)}
+        if not req.stream:
+            self.stats.served(req, served)
+            return await _send_json(send, 200, reply.body(usage), hdrs)
+        start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *hdrs]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+        delay = self.config.stream_token_delay_ms / 1000.0
+        events = [reply.created(), *(reply.delta(j) for j in range(len(words)))]
+        for data in events:
+            if delay > 0 and not await _until_disconnect(asyncio.sleep(delay), receive):
+                return _ABORTED  # the client left mid-stream
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": reply.completed(usage)})
+        self.stats.served(req, served)
         return 200
 
     async def _respond_gpu(

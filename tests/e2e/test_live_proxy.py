@@ -404,3 +404,40 @@ async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
             print(f"503 after {frozen_503:.2f} s (frozen), {stopped_503:.2f} s (stopped)")
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_sdk_responses_whole_and_streamed_event_by_event(live: Stack) -> None:
+    """`/v1/responses` through the registry: relayed, streamed event by event, counted."""
+    oa = live.client()
+    resp = await oa.responses.create(model="demo", input="one two three")
+    assert resp.object == "response" and resp.id.startswith("resp_")
+    assert resp.output_text == "Simulated one two three"
+    assert resp.usage is not None and resp.usage.output_tokens == 4
+    assert live.sim.app.seen[-1].path == "/v1/responses"
+    loop = asyncio.get_running_loop()
+    kinds: list[str] = []
+    arrivals: list[float] = []
+    text = ""
+    stream = await oa.responses.create(
+        model="demo",
+        input=[{"role": "user", "content": "four five six"}],
+        stream=True,
+        extra_body={"priority": -5},
+    )
+    async for event in stream:
+        kinds.append(event.type)
+        arrivals.append(loop.time())
+        if event.type == "response.output_text.delta":
+            text += event.delta
+            if len(arrivals) == 2:  # the first word: still one request in flight
+                assert await in_flight(live) == 1
+        elif event.type == "response.completed":
+            assert event.response.usage is not None
+            assert event.response.usage.input_tokens == 3
+    assert text == "Simulated four five six"
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds.count("response.output_text.delta") == 4
+    # created + 4 words, each produced TOKEN_DELAY_MS after the one before: relayed, not buffered.
+    assert arrivals[4] - arrivals[0] >= 0.8 * 4 * TOKEN_DELAY_MS / 1000
+    assert not live.sim.app.seen[-1].has_priority
+    await wait_in_flight(live, 0)

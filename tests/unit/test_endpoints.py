@@ -66,3 +66,34 @@ def test_only_the_gateway_sets_priority() -> None:
     raw = b'{"model":  "m"}'
     assert forwarded_body(raw, {"model": "m"}, ROUTE) is raw
     assert json.loads(forwarded_body(b"...", body, ROUTE)) == {"model": "m", "messages": []}
+
+
+def test_responses_usage_is_read_with_its_details() -> None:
+    from backfill.records import usage_of
+
+    u = {
+        "input_tokens": 7,
+        "input_tokens_details": {"cached_tokens": 2},
+        "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 3},
+        "total_tokens": 12,
+    }
+    spec = REGISTRY["/v1/responses"]
+    for counts in (usage_of(u, spec.usage), usage_of(u)):  # by endpoint, or by its layout
+        assert counts is not None
+        assert (counts.input_tokens, counts.output_tokens, counts.total_tokens) == (7, 5, 12)
+        assert (counts.cached_tokens, counts.reasoning_tokens) == (2, 3)
+    chat = REGISTRY["/v1/chat/completions"].usage
+    assert usage_of({"prompt_tokens": 1, "completion_tokens": 2}, chat) is not None
+    assert usage_of(u, chat) is None  # not this endpoint's layout
+
+
+def test_a_streamed_responses_usage_is_read_from_response_completed() -> None:
+    from api.live_usage import UsageReader
+
+    reader = UsageReader("text/event-stream", REGISTRY["/v1/responses"].usage)
+    usage = {"input_tokens": 4, "output_tokens": 6, "total_tokens": 10}
+    reader.feed(b'event: response.created\ndata: {"type":"response.created","response":{}}\n\n')
+    event = json.dumps({"type": "response.completed", "response": {"usage": usage}})
+    reader.feed(b"event: response.completed\ndata: " + event.encode() + b"\n\n")
+    assert reader.tokens() == (4, 6)

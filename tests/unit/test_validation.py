@@ -459,9 +459,18 @@ def test_one_error_per_line_first_check_wins() -> None:
     assert (code, line, param) == ("duplicate_custom_id", 2, "custom_id")
 
 
+def test_a_responses_line_needs_its_input() -> None:
+    url = "/v1/responses"
+    ok = req("a", url=url, body={"model": "demo", "input": [{"role": "user", "content": "hi"}]})
+    assert run(ok, endpoint=url).errors == []
+    missing = req("a", url=url, body={"model": "demo", "messages": []})
+    code, line, param, _ = only_error(missing, endpoint=url)
+    assert (code, line, param) == ("invalid_body", 1, "body.input")
+
+
 def test_bad_endpoint_or_max_errors_is_a_caller_bug() -> None:
     with pytest.raises(ValueError):
-        run(req("a"), endpoint="/v1/responses")
+        run(req("a"), endpoint="/v1/moderations")
     with pytest.raises(ValueError):
         run(req("a"), max_errors=0)
 
