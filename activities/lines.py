@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,19 +22,21 @@ import httpx
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from backfill import metrics
+from backfill import metrics, strict_json
 from backfill.config import RouteConfig, Settings
+from backfill.endpoints import REGISTRY, EndpointSpec
 from backfill.messages import LineInput, LineOutcome
 from backfill.records import (
-    STRICT_JSON,
-    custom_id_of,
+    custom_id_in,
     describe_error,
     error_record_bytes,
     outcome_from_record,
+    placeholder_custom_id,
     response_record_bytes,
     usage_of,
 )
 from backfill.store import Store
+from backfill.upstream_request import build_upstream_request, upstream_body
 from backfill.usage import UsageEntry, UsageJournal, new_request_id
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
@@ -87,21 +88,36 @@ class LineActivities:
         line_no, committed, raw = await self._in_thread(self._read, input)
         if committed is not None:  # it ran before (its worker died after writing): once only
             return outcome_from_record(line_no, committed)
-        custom_id = custom_id_of(raw, line_no)
+        # The line is read once: custom_id and body both come from this decoding.
+        request: Any = None
+        unreadable: Answer | None = None
+        try:
+            request = strict_json.loads(raw)
+        except ValueError as err:  # validated, so only a line older than today's rules
+            msg = f"The request line is not accepted: {strict_json.describe(err)}."
+            unreadable = _failed(placeholder_custom_id(line_no), line_no, "invalid_json_line", msg)
+        except Exception as err:
+            unreadable = _unexpected(placeholder_custom_id(line_no), line_no, err)
+        custom_id = custom_id_in(request, line_no)
         if input.give_up_code is not None:
             answer = _failed(custom_id, line_no, input.give_up_code, input.give_up_message or "")
             return await self._commit(input.batch_id, answer)
+        if unreadable is not None:
+            return await self._commit(input.batch_id, unreadable)
         route = self.settings.route(input.route_id)
         if route is None:
             msg = f"Route {input.route_id!r} is no longer configured."
             return await self._commit(
                 input.batch_id, _failed(custom_id, line_no, "route_removed", msg)
             )
-        request = json.loads(raw)
         rid = new_request_id()
-        async with heartbeating():
-            answer = await self._send(route, input, request, line_no, rid)
-            self._journal(input, request, rid, answer)  # at once: a cancel may end the `with`
+        try:
+            async with heartbeating():
+                answer = await self._send(route, input, request, custom_id, line_no, rid)
+                self._journal(input, request, rid, answer)  # at once: a cancel may end the `with`
+        except Exception as err:  # a bug, not an answer: the line ends failed, never lost
+            activity.logger.exception("line %d of %s failed unexpectedly", line_no, input.batch_id)
+            return await self._commit(input.batch_id, _unexpected(custom_id, line_no, err))
         if answer.retry and not input.final_attempt:
             return LineOutcome(
                 line=line_no,
@@ -153,46 +169,35 @@ class LineActivities:
         route: RouteConfig,
         input: LineInput,
         request: dict[str, Any],
+        custom_id: str,
         line_no: int,
         rid: str,
     ) -> Answer:
         """Send one request (`X-Request-ID: rid`) and turn whatever comes back into the line's
-        record."""
-        custom_id = request["custom_id"]
-        url = route.base_url.rstrip("/") + input.endpoint.removeprefix("/v1")
-        headers = {
-            "X-Backfill-Batch": input.batch_id,
-            "X-Request-ID": rid,
-            "Content-Type": "application/json",
-            # The response cap counts bytes on the wire, not a decompressed body.
-            "Accept-Encoding": "identity",
-        }
-        if route.api_key_env:
-            key = os.environ.get(route.api_key_env)
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
-        body_obj = request["body"]
-        if input.priority is not None and route.provider == "vllm":
-            body_obj = {**body_obj, "priority": input.priority}  # the route's priority hint
+        record. The client's own `priority` is dropped; the route's hint added (vllm only)."""
+        spec = REGISTRY[input.endpoint]
+        body = upstream_body(request["body"], route, input.priority)
         limit = self.settings.limits.max_response_bytes
         timeout = self._timeout(input)
         try:
             # The whole exchange, not each read, is bounded by the line timeout.
             async with asyncio.timeout(timeout):
                 resp = await self._send_answered(
-                    self.http.build_request(
-                        "POST",
-                        url,
-                        content=json.dumps(body_obj).encode(),
-                        headers=headers,
+                    build_upstream_request(
+                        self.http,
+                        route,
+                        spec,
+                        body,
+                        rid,
                         timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
+                        headers={"X-Backfill-Batch": input.batch_id},
                     )
                 )
                 try:
-                    body = bytearray()
+                    answered = bytearray()
                     async for chunk in resp.aiter_bytes():
-                        body += chunk
-                        if len(body) > limit:
+                        answered += chunk
+                        if len(answered) > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
                             return _failed(custom_id, line_no, "response_too_large", msg)
                 finally:
@@ -214,7 +219,7 @@ class LineActivities:
         except httpx.HTTPError as err:
             return _failed(custom_id, line_no, "upstream_error", describe_error(err))
         # The bytearray itself, not a copy: with 256 lines of 8 MB in flight, copies add up.
-        answer = _answer(custom_id, line_no, status, rid, content_type, body)
+        answer = _answer(custom_id, line_no, status, rid, content_type, answered, spec)
         return dataclasses.replace(answer, retry_after=retry_after) if answer.retry else answer
 
     async def _send_answered(self, request: httpx.Request) -> httpx.Response:
@@ -258,6 +263,12 @@ def _failed(
     return Answer(data, LineOutcome(line=line_no, error_code=code), retry)
 
 
+def _unexpected(custom_id: str, line_no: int, err: Exception) -> Answer:
+    """The record of a line that hit a bug (or a line too odd for today's rules): failed, so
+    the batch goes on instead of sending it again forever."""
+    return _failed(custom_id, line_no, "internal_error", describe_error(err))
+
+
 def _answer(
     custom_id: str,
     line_no: int,
@@ -265,6 +276,7 @@ def _answer(
     request_id: str,
     content_type: str,
     body: bytes | bytearray,
+    spec: EndpointSpec | None = None,
 ) -> Answer:
     """The record of a complete HTTP answer. A 2xx must be a JSON object to count as completed;
     the body is written as it came (valid JSON) or, when it is not JSON, wrapped in an error.
@@ -276,16 +288,17 @@ def _answer(
     parsed: Any = None
     is_json = False
     try:
-        parsed = STRICT_JSON.decode(body.decode("utf-8"))
+        parsed = strict_json.loads(body, finite=False)  # kept as it came, only looked at
         is_json = True
-    except (ValueError, RecursionError):
+    except ValueError:
         pass
     if ok and not isinstance(parsed, dict):
         what = "not JSON" if not is_json else f"JSON but not an object ({type(parsed).__name__})"
         snippet = bytes(body[:200]).decode("utf-8", errors="replace")
         msg = f"The upstream answered {status} with a body that is {what} ({content_type}): "
         return _failed(custom_id, line_no, "invalid_response", msg + repr(snippet))
-    usage = usage_of(parsed.get("usage")) if isinstance(parsed, dict) else None
+    fields = spec.usage if spec is not None else None
+    usage = usage_of(parsed.get("usage"), fields) if isinstance(parsed, dict) else None
     del parsed
     if is_json:  # valid UTF-8 JSON: its bytes are exactly the text's, spliced in as they came
         data = response_record_bytes(custom_id, status, request_id, body)

@@ -30,6 +30,7 @@ from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.request_id import RequestIdMiddleware
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
+from backfill import endpoints
 from backfill.config import Settings
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -104,7 +105,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     return app
 
 
-LIVE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+LIVE_PATHS = endpoints.LIVE_PATHS
 
 
 def body_rules(settings: Settings) -> Callable[[str, str], BodyRule]:

@@ -8,9 +8,10 @@ which OpenAI-compatible servers send only when the request set
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from backfill import strict_json
+from backfill.endpoints import CHAT_USAGE, UsageFields
 from backfill.records import usage_of
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -20,8 +21,10 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 class UsageReader:
     """Fed every relayed chunk; `tokens()` is (prompt, completion) at the end."""
 
-    def __init__(self, content_type: str) -> None:
+    def __init__(self, content_type: str, fields: UsageFields = CHAT_USAGE) -> None:
         self.stream = content_type.startswith("text/event-stream")
+        self.fields = fields
+        """The endpoint's usage layout (`backfill.endpoints`)."""
         self._buf = bytearray()
         self._too_large = False
         self._usage: Any = None
@@ -42,21 +45,23 @@ class UsageReader:
         if not line.startswith(b"data:") or b'"usage"' not in line:
             return
         try:
-            event = json.loads(line[5:])
+            event = strict_json.loads(line[5:].strip(), finite=False)
         except ValueError:
             return
-        if isinstance(event, dict) and isinstance(event.get("usage"), dict):
-            self._usage = event["usage"]
+        for key in self.fields.in_stream:  # e.g. `usage`, or `response` then `usage`
+            event = event.get(key) if isinstance(event, dict) else None
+        if isinstance(event, dict):
+            self._usage = event
 
     def tokens(self) -> tuple[int, int]:
         if self.stream:
             self._event(bytes(self._buf).strip())
         elif not self._too_large and self._buf:
             try:
-                body = json.loads(self._buf)
+                body = strict_json.loads(self._buf, finite=False)
             except ValueError:
                 body = None
             if isinstance(body, dict):
                 self._usage = body.get("usage")
-        counts = usage_of(self._usage)
+        counts = usage_of(self._usage, self.fields)
         return (counts.input_tokens, counts.output_tokens) if counts else (0, 0)

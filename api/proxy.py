@@ -1,21 +1,24 @@
 """The live proxy: OpenAI's inference endpoints, forwarded to the model's routes.
 
-`POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` go to the route the model's
-routing policy picks (`backfill.routing.choose_route`, the routes batches use), with the route's
-own credential (`api_key_env`), never the client's gateway key. The request body is forwarded as
-sent: nothing is added (no `priority`), and no client header but `Accept` goes upstream (so never
-`X-Backfill-Batch`). The response is relayed as it arrives, byte for byte, so SSE streams
-token by token. Each request is counted in flight on its route (`api.live_traffic`) until its
-last byte is sent, the client disconnects, or it fails. Nothing here touches Temporal.
+Every endpoint the registry (`backfill.endpoints`) marks `live` (`POST /v1/chat/completions`,
+`/v1/completions`, `/v1/embeddings`) goes to the route the model's routing policy picks
+(`backfill.routing.choose_route`, the routes batches use), with the route's own credential
+(`api_key_env`), never the client's gateway key; the request is built by
+`backfill.upstream_request`, as batch lines' are. The body must be strict JSON
+(`backfill.strict_json`, else 400) and is forwarded as sent, except that a client's own
+`priority` is dropped (only the gateway sets it, on batch lines); no client header but `Accept`
+goes upstream (so never `X-Backfill-Batch`). The response is relayed as it arrives, byte for
+byte, so SSE streams token by token. Each request is counted in flight on its route
+(`api.live_traffic`) until its last byte is sent, the client disconnects, or it fails.
+Nothing here touches Temporal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -31,9 +34,12 @@ from api.live_traffic import LiveTraffic
 from api.live_usage import UsageReader
 from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
-from backfill.config import ModelConfig, RouteConfig, Settings
+from backfill import strict_json
+from backfill.config import ModelConfig, Settings
+from backfill.endpoints import CHAT_USAGE, REGISTRY, EndpointSpec, UsageFields
 from backfill.metrics import LIVE_REQUEST_SECONDS
 from backfill.routing import choose_route
+from backfill.upstream_request import build_upstream_request, forwarded_body
 from backfill.usage import UsageEntry, UsageJournal
 
 router = APIRouter(prefix="/v1", tags=["live"], responses=COMMON_ERRORS)
@@ -118,45 +124,56 @@ async def retrieve_model(
     return ModelObject(id=_model_or_404(settings, model_id, identity).id)
 
 
-@router.post("/chat/completions", response_model=None, responses=_LIVE_RESPONSES)
-async def chat_completions(
-    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
-) -> Response:
-    return await _forward(request, "/chat/completions", settings, identity, http, live)
+def _live_route(spec: EndpointSpec) -> Callable[..., Awaitable[Response]]:
+    async def forward(
+        request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
+    ) -> Response:
+        return await _forward(request, spec, settings, identity, http, live)
+
+    forward.__name__ = spec.path.removeprefix("/v1/").replace("/", "_")
+    return forward
 
 
-@router.post("/completions", response_model=None, responses=_LIVE_RESPONSES)
-async def completions(
-    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
-) -> Response:
-    return await _forward(request, "/completions", settings, identity, http, live)
+def _responses(spec: EndpointSpec) -> dict[int | str, dict[str, Any]]:
+    if spec.streams:
+        return _LIVE_RESPONSES
+    ok = {**_LIVE_RESPONSES[200], "description": "The upstream's answer, relayed as it arrives."}
+    ok["content"] = {"application/json": ok["content"]["application/json"]}
+    return {**_LIVE_RESPONSES, 200: ok}
 
 
-@router.post("/embeddings", response_model=None, responses=_LIVE_RESPONSES)
-async def embeddings(
-    request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
-) -> Response:
-    return await _forward(request, "/embeddings", settings, identity, http, live)
+for _spec in REGISTRY.values():  # the live proxy's routes: every endpoint the registry serves live
+    if _spec.live:
+        router.add_api_route(
+            _spec.path.removeprefix("/v1"),
+            _live_route(_spec),
+            methods=["POST"],
+            response_model=None,
+            responses=_responses(_spec),
+        )
 
 
 async def _forward(
     request: Request,
-    path: str,
+    spec: EndpointSpec,
     settings: Settings,
     identity: Identity,
     http: httpx.AsyncClient,
     live: LiveTraffic,
 ) -> Response:
     rid = request_id(request)
-    body = await _read_body(request, settings.limits.max_line_bytes)
-    model = _model_or_404(settings, _model_name(body), identity)
+    raw = await _read_body(request, settings.limits.max_line_bytes)
+    body = _decoded(raw)
+    model = _model_or_404(settings, _model_name(body, spec), identity)
     route = choose_route(model, LIVE_ROUTING_KEY, rid)
-    upstream = http.build_request(
-        "POST",
-        route.base_url.rstrip("/") + path,
-        content=body,
-        headers=_upstream_headers(request, route, rid),
+    upstream = build_upstream_request(
+        http,
+        route,
+        spec,
+        forwarded_body(raw, body, route),
+        rid,
         timeout=httpx.Timeout(settings.limits.line_timeout_seconds, connect=5.0, pool=5.0),
+        headers={"accept": request.headers.get("accept", "application/json")},
     )
     journal: UsageJournal | None = getattr(request.app.state, "usage", None)
 
@@ -177,7 +194,7 @@ async def _forward(
                 )
             )
 
-    return UpstreamResponse(http, upstream, live, route.id, account)
+    return UpstreamResponse(http, upstream, live, route.id, account, spec.usage)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -196,16 +213,24 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _model_name(body: bytes) -> str:
+def _decoded(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, decoded strictly (`backfill.strict_json`: no NaN, Infinity or
+    1e999, at most `MAX_DEPTH` levels), or a 400."""
     try:
-        parsed = json.loads(body)
+        parsed = strict_json.loads(raw)
     except ValueError as err:
-        raise InvalidRequest(f"The request body is not valid JSON: {err}") from None
+        msg = f"The request body is not valid JSON: {strict_json.describe(err)}."
+        raise InvalidRequest(msg) from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    model = parsed.get("model")
+    return parsed
+
+
+def _model_name(body: dict[str, Any], spec: EndpointSpec) -> str:
+    model = body.get(spec.model_field)
     if not isinstance(model, str) or not model:
-        raise InvalidRequest("Missing required parameter: 'model'.", param="model")
+        field = spec.model_field
+        raise InvalidRequest(f"Missing required parameter: '{field}'.", param=field)
     return model
 
 
@@ -219,20 +244,6 @@ def _model_or_404(settings: Settings, name: str, identity: Identity) -> ModelCon
             code="model_not_found",
         )
     return model
-
-
-def _upstream_headers(request: Request, route: RouteConfig, rid: str) -> dict[str, str]:
-    headers = {
-        "content-type": "application/json",
-        "accept": request.headers.get("accept", "application/json"),
-        "accept-encoding": "identity",  # relayed byte for byte: no compression to undo
-        "x-request-id": rid,
-    }
-    if route.api_key_env:
-        key = os.environ.get(route.api_key_env)
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-    return headers
 
 
 class UpstreamResponse(Response):
@@ -249,6 +260,7 @@ class UpstreamResponse(Response):
         live: LiveTraffic,
         route: str,
         account: Callable[[str, int, int], None] | None = None,
+        usage: UsageFields = CHAT_USAGE,
     ) -> None:
         super().__init__()
         self.http, self.upstream, self.live, self.route = http, upstream, live, route
@@ -256,6 +268,8 @@ class UpstreamResponse(Response):
         self.account = account
         """Journals the attempt: (status or error code, prompt tokens, completion tokens)."""
         self.status = "client_closed"
+        self.usage = usage
+        """Where the endpoint's answers keep their usage."""
         self.reader: UsageReader | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -312,7 +326,7 @@ class UpstreamResponse(Response):
             await send(
                 {"type": "http.response.start", "status": resp.status_code, "headers": headers}
             )
-            self.reader = UsageReader(resp.headers.get("content-type", ""))
+            self.reader = UsageReader(resp.headers.get("content-type", ""), self.usage)
             try:
                 first = True
                 async for chunk in resp.aiter_raw():
@@ -352,7 +366,7 @@ class UpstreamResponse(Response):
 
 def _is_envelope(body: bytes) -> bool:
     try:
-        parsed = json.loads(body)
+        parsed = strict_json.loads(body, finite=False)
     except ValueError:
         return False
     err = parsed.get("error") if isinstance(parsed, dict) else None
@@ -363,7 +377,7 @@ def _wrap(status: int, body: bytes) -> bytes:
     """OpenAI's envelope around an upstream error body that is not one (vLLM's older flat
     `{"object": "error", "message", ...}` keeps its fields; anything else is quoted)."""
     try:
-        parsed: Any = json.loads(body)
+        parsed: Any = strict_json.loads(body, finite=False)
     except ValueError:
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):

@@ -10,6 +10,9 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backfill.endpoints import ENDPOINTS as ENDPOINTS  # the batch endpoints: backfill.endpoints
+from backfill.endpoints import Endpoint as Endpoint
+
 BatchStatus = Literal[
     "validating",
     "failed",
@@ -22,8 +25,6 @@ BatchStatus = Literal[
 ]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 CompletionWindow = Literal["24h", "48h", "72h", "168h"]
 COMPLETION_WINDOWS: dict[str, int] = {
     w: int(w.removesuffix("h")) for w in get_args(CompletionWindow)

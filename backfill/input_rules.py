@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from backfill.batches import ENDPOINTS, BatchError
+from backfill import strict_json
+from backfill.batches import BatchError
 from backfill.config import ModelConfig, Settings
+from backfill.endpoints import ENDPOINTS, REGISTRY
 from backfill.routing import choose_route
 from backfill.store import RouteLines
 
@@ -34,13 +36,6 @@ CHUNK_BYTES = 1 << 20
 """How much of the file is read at a time."""
 
 _BOM = b"\xef\xbb\xbf"
-
-_REQUIRED_FIELD: dict[str, str] = {
-    "/v1/chat/completions": "messages",
-    "/v1/completions": "prompt",
-    "/v1/embeddings": "input",
-}
-"""The body field each endpoint requires."""
 
 
 @dataclass
@@ -60,14 +55,6 @@ class ValidationOutcome:
     `offsets`) routed there, ascending."""
     models: list[str] = field(default_factory=list)
     """The distinct models the file uses, in first-seen order."""
-
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-"""Strict JSON (no NaN/Infinity); one shared decoder so each line costs one `decode` call."""
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -256,7 +243,8 @@ class _LineChecker:
         self, endpoint: str, settings: Settings, allowed_models: frozenset[str] | None
     ) -> None:
         self.endpoint = endpoint
-        self.required = _REQUIRED_FIELD[endpoint]
+        self.spec = REGISTRY[endpoint]
+        self.required = self.spec.input_field
         self.models = {m.id: m for m in settings.models}
         self.allowed = allowed_models
         self.seen = SeenIds()
@@ -265,7 +253,14 @@ class _LineChecker:
 
     def check(self, raw: bytes, lineno: int) -> BatchError | tuple[str, ModelConfig, str]:
         try:
-            text = raw.decode("utf-8")
+            obj = strict_json.loads(raw)
+        except strict_json.TooDeep as e:
+            return BatchError(
+                code="invalid_json_line",
+                line=lineno,
+                message=f"This line is not accepted: it nests arrays and objects more than "
+                f"{e.limit} levels deep.",
+            )
         except UnicodeDecodeError as e:
             return BatchError(
                 code="invalid_json_line",
@@ -273,23 +268,11 @@ class _LineChecker:
                 message=f"This line is not valid UTF-8 (invalid byte at position {e.start}); "
                 "batch input files must be UTF-8 encoded JSONL.",
             )
-        try:
-            obj = _DECODER.decode(text)
-        except json.JSONDecodeError as e:
-            return BatchError(
-                code="invalid_json_line",
-                line=lineno,
-                message=f"This line is not valid JSON: {e.msg} (column {e.colno}).",
-            )
         except ValueError as e:
             return BatchError(
-                code="invalid_json_line", line=lineno, message=f"This line is not valid JSON: {e}."
-            )
-        except RecursionError:
-            return BatchError(
                 code="invalid_json_line",
                 line=lineno,
-                message="This line is not valid JSON: it is nested too deeply.",
+                message=f"This line is not valid JSON: {strict_json.describe(e)}.",
             )
         if not isinstance(obj, dict):
             return BatchError(
@@ -357,15 +340,16 @@ class _LineChecker:
                 if body is not None
                 else "body is missing; it must be a JSON object.",
             )
-        model = body.get("model")
+        field = self.spec.model_field
+        model = body.get(field)
         if not isinstance(model, str):
             return BatchError(
                 code="invalid_body",
                 line=lineno,
-                param="body.model",
-                message="body.model is missing; it must be a string."
+                param=f"body.{field}",
+                message=f"body.{field} is missing; it must be a string."
                 if model is None
-                else f"body.model must be a string (it is {_type_name(model)}).",
+                else f"body.{field} must be a string (it is {_type_name(model)}).",
             )
         problem = self._required_field_problem(body)
         if problem is not None:
@@ -389,7 +373,7 @@ class _LineChecker:
             return BatchError(
                 code="unknown_model",
                 line=lineno,
-                param="body.model",
+                param=f"body.{self.spec.model_field}",
                 message=f"The model {_show(model)} does not exist or you do not have access to it.",
             )
         return model, config, custom_id
@@ -399,11 +383,11 @@ class _LineChecker:
         value = body.get(name)
         if value is None:
             return f"body.{name} is required for {self.endpoint}."
-        if name == "messages":
+        if self.spec.input_shape == "messages":
             if not isinstance(value, list):
-                return f"body.messages must be an array (it is {_type_name(value)})."
+                return f"body.{name} must be an array (it is {_type_name(value)})."
             if not value:
-                return "body.messages must not be empty."
+                return f"body.{name} must not be empty."
         elif not isinstance(value, str | list):
             return f"body.{name} must be a string or an array (it is {_type_name(value)})."
         return None

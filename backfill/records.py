@@ -12,7 +12,9 @@ import math
 import secrets
 from typing import Any
 
+from backfill import strict_json
 from backfill.batches import TokenCounts
+from backfill.endpoints import USAGE_FIELDS, UsageFields
 from backfill.messages import LineOutcome
 
 END_MESSAGES = {
@@ -25,21 +27,24 @@ MAX_TOKEN_COUNT = 2**53
 """Larger counts are not real token counts (and would not survive a JSON round trip)."""
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+def placeholder_custom_id(line_no: int) -> str:
+    """Stands in for the custom_id of a line that cannot be read."""
+    return f"line-{line_no + 1}"
 
 
-STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant)
-"""RFC 8259 JSON: NaN and Infinity, which Python's json accepts and writes, are refused, so no
-record we write is invalid JSON."""
+def custom_id_in(line: Any, line_no: int) -> str:
+    """The custom_id of a decoded input line (a placeholder if it has none)."""
+    custom_id = line.get("custom_id") if isinstance(line, dict) else None
+    return custom_id if isinstance(custom_id, str) else placeholder_custom_id(line_no)
 
 
 def custom_id_of(raw: bytes, line_no: int) -> str:
-    """The custom_id of a validated input line (a placeholder if it cannot be read)."""
+    """The custom_id of a validated input line (a placeholder if it cannot be read). Never
+    raises: it names the line of every error record, the one written when all else failed."""
     try:
-        return str(json.loads(raw)["custom_id"])
-    except (ValueError, KeyError, TypeError):
-        return f"line-{line_no + 1}"
+        return custom_id_in(strict_json.loads(raw), line_no)
+    except Exception:
+        return placeholder_custom_id(line_no)
 
 
 def new_record_id() -> str:
@@ -85,8 +90,8 @@ def outcome_from_record(line_no: int, data: bytes) -> LineOutcome:
     """The small outcome the workflow counts, derived from a committed record. Never raises: a
     record that cannot be read counts as a failed line with `invalid_record`."""
     try:
-        record = STRICT_JSON.decode(data.decode("utf-8"))
-    except (ValueError, RecursionError):
+        record = strict_json.loads(data, finite=False)  # the upstream's body, as it came
+    except ValueError:
         return LineOutcome(line=line_no, error_code="invalid_record")
     if not isinstance(record, dict):
         return LineOutcome(line=line_no, error_code="invalid_record")
@@ -137,7 +142,8 @@ def _field(u: dict[str, Any], *names: str) -> int | None:
     return None
 
 
-def _detail(u: dict[str, Any], group: str, name: str) -> int:
+def _detail(u: dict[str, Any], where: tuple[str, str]) -> int:
+    group, name = where
     details = u.get(group)
     if details is None:
         return 0
@@ -146,19 +152,26 @@ def _detail(u: dict[str, Any], group: str, name: str) -> int:
     return _field(details, name) or 0
 
 
-def usage_of(u: Any) -> TokenCounts | None:
-    """OpenAI's (or the Responses API's) usage object as token counts; None when unknown.
+def usage_of(u: Any, fields: UsageFields | None = None) -> TokenCounts | None:
+    """An answer's usage object as token counts; None when unknown.
 
-    Unknown: not an object, no token count in it, or any count that is not a non-negative
-    integer. One odd field makes the whole usage unknown rather than half right."""
+    `fields` is the endpoint's layout (`backfill.endpoints`); without it (a record whose
+    endpoint is not known) the first registered layout that has an input or output count is
+    read. Unknown: not an object, no token count in it, or any count that is not a
+    non-negative integer. One odd field makes the whole usage unknown rather than half right."""
     if not isinstance(u, dict):
         return None
+    if fields is None:
+        fields = next(
+            (f for f in USAGE_FIELDS if u.get(f.input) is not None or u.get(f.output) is not None),
+            USAGE_FIELDS[0],
+        )
     try:
-        prompt = _field(u, "prompt_tokens", "input_tokens")
-        completion = _field(u, "completion_tokens", "output_tokens")
+        prompt = _field(u, fields.input)
+        completion = _field(u, fields.output)
         total = _field(u, "total_tokens")
-        cached = _detail(u, "prompt_tokens_details", "cached_tokens")
-        reasoning = _detail(u, "completion_tokens_details", "reasoning_tokens")
+        cached = _detail(u, fields.cached)
+        reasoning = _detail(u, fields.reasoning)
     except _Unreadable:
         return None
     if prompt is None and completion is None:

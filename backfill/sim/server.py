@@ -1,11 +1,11 @@
 """vLLM-like OpenAI-compatible model server simulator: the demo, test and benchmark upstream.
 
 ``create_app(config)`` returns a lean raw-ASGI app (no framework in the hot path) that serves
-``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` with deterministic bodies,
-models a vLLM engine's capacity (``max_num_seqs`` running, the rest waiting FCFS or by priority),
-exports vLLM's scheduler gauges on ``/metrics`` and offers test hooks under ``/sim/*``
-(fault injection, traffic statistics). ``SimServer`` runs it on loopback inside the current event
-loop; ``main()`` is the ``backfill sim`` command line.
+every endpoint of the registry (``backfill.endpoints``: chat, completions, embeddings, responses)
+with deterministic bodies, models a vLLM engine's capacity (``max_num_seqs`` running, the rest
+waiting FCFS or by priority), exports vLLM's scheduler gauges on ``/metrics`` and offers test
+hooks under ``/sim/*`` (fault injection, traffic statistics). ``SimServer`` runs it on loopback
+inside the current event loop; ``main()`` is the ``backfill sim`` command line.
 
 Two capacity models: by default each request holds a slot for a fixed latency; with
 ``SimConfig.gpu`` (``--gpu``) a continuous-batching engine (``backfill.sim.gpu``) decides when each
@@ -37,6 +37,8 @@ import uvicorn
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from backfill.endpoints import REGISTRY, EndpointSpec
+from backfill.sim import responses
 from backfill.sim.faults import FaultAction, FaultInjector, SimFault
 from backfill.sim.gpu import (
     FINISHED,
@@ -50,8 +52,7 @@ from backfill.sim.gpu_reply import GpuReply
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
-_CHAT, _COMPLETIONS, _EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-_REQUIRED = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input"}
+_CHAT, _EMBEDDINGS, _RESPONSE = "chat", "embedding", "response"  # `EndpointSpec.sim_answer`
 _REPLY_WORDS = 16  # default reply length (words == tokens here) unless max_tokens is lower
 _ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
 Header = tuple[bytes, bytes]
@@ -300,14 +301,15 @@ def _opt_int(raw: dict[str, Any], name: str, default: int | None, lo: int = 1) -
     return v
 
 
-def _parse(kind: str, body: bytes) -> _Req:
+def _parse(spec: EndpointSpec, body: bytes) -> _Req:
+    kind = spec.sim_answer
     try:
         raw = json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise _BadRequest(f"Invalid JSON in request body: {e}") from None
     if not isinstance(raw, dict):
         raise _BadRequest("Request body must be a JSON object")
-    model, required = raw.get("model"), _REQUIRED[kind]
+    model, required = raw.get(spec.model_field), spec.input_field
     if not isinstance(model, str) or not model:
         raise _BadRequest("Field required: 'model'")
     if raw.get(required) is None:
@@ -317,10 +319,19 @@ def _parse(kind: str, body: bytes) -> _Req:
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
             raise _BadRequest("'messages' must be a non-empty list of message objects")
         texts = [_content(m) for m in msgs]
+    elif kind == _RESPONSE:
+        found = responses.input_texts(raw[required])
+        if found is None:
+            raise _BadRequest(f"'{required}' must be a string or a non-empty list of items")
+        texts = found
     else:
         texts = _texts(raw[required], required)
     priority = _opt_int(raw, "priority", 0, lo=-(2**63))
-    max_tokens = _opt_int(raw, "max_completion_tokens", None) or _opt_int(raw, "max_tokens", None)
+    max_tokens = (
+        _opt_int(raw, "max_completion_tokens", None)
+        or _opt_int(raw, "max_tokens", None)
+        or _opt_int(raw, "max_output_tokens", None)
+    )
     opts = raw.get("stream_options")
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
     n = _opt_int(raw, "n", 1)
@@ -447,12 +458,12 @@ class SimApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path, method = scope["path"], scope["method"]
-            if path in _REQUIRED and method == "POST":
-                await self._inference(path, scope, receive, send)
+            if (spec := REGISTRY.get(path)) is not None and method == "POST":
+                await self._inference(spec, scope, receive, send)
             elif (route := self._routes.get((method, path))) is not None:
                 await route(receive, send)
             else:
-                known = path in _REQUIRED or any(p == path for _, p in self._routes)
+                known = path in REGISTRY or any(p == path for _, p in self._routes)
                 await _send_json(send, 405 if known else 404, {"detail": "Not Found"})
         elif scope["type"] == "lifespan":
             while True:
@@ -479,7 +490,9 @@ class SimApp:
             return self.engine.kv_cache_usage
         return min(1.0, self.scheduler.running * self._kv_per_request)
 
-    async def _inference(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _inference(
+        self, spec: EndpointSpec, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
         batch = headers.get(_BATCH_KEY)
         rid = headers.get(b"x-request-id")
@@ -487,16 +500,22 @@ class SimApp:
         self.stats.begin(batch)
         status = _ABORTED
         try:
-            status = await self._serve(path, headers, request_id, receive, send)
+            status = await self._serve(spec, headers, request_id, receive, send)
         finally:
             self.stats.end(batch, status)
 
     async def _serve(
-        self, path: str, headers: dict[bytes, bytes], rid: str, receive: Receive, send: Send
+        self,
+        spec: EndpointSpec,
+        headers: dict[bytes, bytes],
+        rid: str,
+        receive: Receive,
+        send: Send,
     ) -> int:
+        path = spec.path
         hdrs = [(b"x-request-id", rid.encode("latin-1"))]
         try:
-            req = _parse(path, await _read_body(receive))
+            req = _parse(spec, await _read_body(receive))
         except _BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
         self._see(path, headers, req)
@@ -512,7 +531,7 @@ class SimApp:
         if action is not None and (action.drop or action.status is not None):
             return await self._fail(action, hdrs, receive, send)
         fault_delay = action.delay_s if action else 0.0
-        if self.engine is not None:
+        if self.engine is not None and req.kind != _RESPONSE:  # GPU mode: chat-shaped only
             traffic: TrafficClass = "live" if _BATCH_KEY not in headers else "batch"
             return await self._respond_gpu(
                 self.engine, req, traffic, fault_delay, hdrs, receive, send
@@ -593,6 +612,8 @@ class SimApp:
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": prompt_tokens})
             return await _send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
+        if req.kind == _RESPONSE:
+            return await self._respond_response(req, prompt_tokens, hdrs, receive, send)
         chat = req.kind == _CHAT
         prompts = req.texts[-1:] if chat else req.texts
         replies = [_reply("Simulated", p, req.max_tokens) for p in prompts]
@@ -680,6 +701,31 @@ class SimApp:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         self.stats.served(req, usage)
+        return 200
+
+    async def _respond_response(
+        self, req: _Req, prompt_tokens: int, hdrs: list[Header], receive: Receive, send: Send
+    ) -> int:
+        """`/v1/responses`: a Response object, or its events when `stream` is set."""
+        words, reason = _reply("Simulated", req.texts[-1], req.max_tokens)
+        self.stats.generation_tokens += len(words)
+        self.stats.success_by_reason[reason] += 1
+        usage = responses.usage(prompt_tokens, len(words))
+        reply = responses.ResponseReply(req.model, words, reason)
+        served = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words)}
+        if not req.stream:
+            self.stats.served(req, served)
+            return await _send_json(send, 200, reply.body(usage), hdrs)
+        start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *hdrs]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+        delay = self.config.stream_token_delay_ms / 1000.0
+        events = [reply.created(), *(reply.delta(j) for j in range(len(words)))]
+        for data in events:
+            if delay > 0 and not await _until_disconnect(asyncio.sleep(delay), receive):
+                return _ABORTED  # the client left mid-stream
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": reply.completed(usage)})
+        self.stats.served(req, served)
         return 200
 
     async def _respond_gpu(

@@ -85,7 +85,7 @@ def create_body(file_id: str, **over: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("over", "param"),
     [
-        ({"endpoint": "/v1/responses"}, "endpoint"),
+        ({"endpoint": "/v1/moderations"}, "endpoint"),
         ({"endpoint": "/v1/chat/completions/"}, "endpoint"),
         ({"endpoint": None}, "endpoint"),
         ({"completion_window": "12h"}, "completion_window"),

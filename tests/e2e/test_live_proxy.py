@@ -172,6 +172,43 @@ async def test_errors_come_back_in_the_envelope(live: Stack) -> None:
     assert await in_flight(live) == 0
 
 
+async def test_bodies_that_are_not_strict_json_are_refused_with_400(live: Stack) -> None:
+    """Nesting past the limit (a 500 with a traceback before) and numbers Python reads as
+    infinity (sent on as `Infinity` before) are the client's error, and never reach upstream."""
+    head = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "x": '
+    async with httpx.AsyncClient(base_url=live.api_url, headers=auth()) as http:
+        before = len(live.sim.app.seen)
+        for levels in (1000, 100_000):
+            deep = head + b"[" * levels + b"]" * levels + b"}"
+            err = assert_error(await http.post("/v1/chat/completions", content=deep), 400)
+            assert "more than 128 levels deep" in err["message"]
+        for number in (b"1e999", b"-1E+400", b"NaN"):
+            body = head + number + b"}"
+            err = assert_error(await http.post("/v1/chat/completions", content=body), 400)
+            assert "not valid JSON" in err["message"]
+        assert len(live.sim.app.seen) == before
+        # 128 levels in all is accepted and forwarded.
+        fine = head + b"[" * 126 + b"]" * 126 + b"}"
+        assert (await http.post("/v1/chat/completions", content=fine)).status_code == 200
+    assert await in_flight(live) == 0
+
+
+async def test_a_client_priority_never_reaches_the_model_server(live: Stack) -> None:
+    """Only the gateway sets `priority` (on batch lines): a client's own is dropped."""
+    oa = live.client()
+    chat = await oa.chat.completions.create(
+        model="demo",
+        messages=MSG,  # type: ignore[arg-type]
+        extra_body={"priority": -100},
+    )
+    assert chat.choices[0].message.content
+    seen = live.sim.app.seen[-1]
+    assert seen.path == "/v1/chat/completions" and not seen.has_priority
+    emb = await oa.embeddings.create(model="demo", input="x", extra_body={"priority": -100})
+    assert emb.data and not live.sim.app.seen[-1].has_priority
+    assert live.sim.app.stats_dict()["priorities_seen"].keys() <= {"0"}
+
+
 async def test_upstream_4xx_5xx_pass_through(live: Stack) -> None:
     oa = live.client()
     sim = live.sim.app
@@ -367,3 +404,40 @@ async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
             print(f"503 after {frozen_503:.2f} s (frozen), {stopped_503:.2f} s (stopped)")
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_sdk_responses_whole_and_streamed_event_by_event(live: Stack) -> None:
+    """`/v1/responses` through the registry: relayed, streamed event by event, counted."""
+    oa = live.client()
+    resp = await oa.responses.create(model="demo", input="one two three")
+    assert resp.object == "response" and resp.id.startswith("resp_")
+    assert resp.output_text == "Simulated one two three"
+    assert resp.usage is not None and resp.usage.output_tokens == 4
+    assert live.sim.app.seen[-1].path == "/v1/responses"
+    loop = asyncio.get_running_loop()
+    kinds: list[str] = []
+    arrivals: list[float] = []
+    text = ""
+    stream = await oa.responses.create(
+        model="demo",
+        input=[{"role": "user", "content": "four five six"}],
+        stream=True,
+        extra_body={"priority": -5},
+    )
+    async for event in stream:
+        kinds.append(event.type)
+        arrivals.append(loop.time())
+        if event.type == "response.output_text.delta":
+            text += event.delta
+            if len(arrivals) == 2:  # the first word: still one request in flight
+                assert await in_flight(live) == 1
+        elif event.type == "response.completed":
+            assert event.response.usage is not None
+            assert event.response.usage.input_tokens == 3
+    assert text == "Simulated four five six"
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds.count("response.output_text.delta") == 4
+    # created + 4 words, each produced TOKEN_DELAY_MS after the one before: relayed, not buffered.
+    assert arrivals[4] - arrivals[0] >= 0.8 * 4 * TOKEN_DELAY_MS / 1000
+    assert not live.sim.app.seen[-1].has_priority
+    await wait_in_flight(live, 0)

@@ -63,3 +63,40 @@ async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
     assert set(stats["batch"]["by_batch"]) == {b.id}, stats["batch"]["by_batch"]
     assert stats["batch"]["by_batch"][b.id] >= n, stats["batch"]
     assert 1 < stats["batch"]["peak_concurrent"] <= stack.cap, stats["batch"]
+
+
+async def test_a_responses_batch_gives_sdk_response_records(stack: Stack) -> None:
+    """A batch on `/v1/responses` (added through the endpoint registry): lines validated with
+    `input`, records that parse as the SDK's `Response`, usage from its `input_tokens` and
+    `output_tokens`."""
+    from openai.types.responses import Response
+
+    client = stack.client()
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": "demo", "input": f"word{i} more", "priority": -100},
+        }
+        for i in range(3)
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    f = await client.files.create(file=("in.jsonl", data), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=f.id, endpoint="/v1/responses", completion_window="24h"
+    )
+    b = await watch_until_terminal(client, batch.id, lambda b: None, interval=0.2)
+    assert b.status == "completed" and b.request_counts and b.request_counts.completed == 3
+    assert b.output_file_id and b.error_file_id is None
+    out = (await client.files.content(b.output_file_id)).text
+    for i, line in enumerate(out.splitlines()):
+        rec = json.loads(line)
+        assert rec["custom_id"] == f"r{i}"
+        resp = Response.model_validate(rec["response"]["body"])
+        assert resp.output_text == f"Simulated word{i} more"
+    # 2 input and 3 output tokens a line, read from the Responses API's usage.
+    assert b.usage and (b.usage.input_tokens, b.usage.output_tokens) == (6, 9)
+    assert b.usage.total_tokens == 15
+    seen = [s for s in stack.sim.app.seen if s.path == "/v1/responses"]
+    assert len(seen) >= 3 and not any(s.has_priority for s in seen)  # the route has no hint

@@ -247,3 +247,101 @@ def test_finished_lines_are_counted_by_outcome_and_a_retry_is_not(tmp_path: Path
     run(acts, line(file_id, position=1))  # 500
     assert count("5xx") == before["5xx"] + 2 and observed() == seen + 2
     assert count("2xx") == before["2xx"] and count("error") == before["error"]
+
+
+# ---- a line that cannot be read ends failed, never lost ---------------------------------------
+
+DEEP_LINE = (
+    b'{"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
+    b'"demo", "messages": [{"role": "user", "content": "hi"}], "x": '
+    + b"[" * 5000
+    + b"]" * 5000
+    + b"}}"
+)
+"""A line validated by older rules (deeper than today's limit): Python's decoder raised
+RecursionError on it, which escaped run_line, so the line was re-queued forever."""
+
+
+@pytest.mark.parametrize("give_up", [False, True], ids=["run", "give_up"])
+def test_a_line_too_deep_to_read_is_committed_as_failed(tmp_path: Path, give_up: bool) -> None:
+    calls: list[httpx.Request] = []
+    acts, file_id, store = make(tmp_path, lambda r: calls.append(r) or httpx.Response(200))
+    store.read_line = lambda *args: DEEP_LINE  # type: ignore[method-assign]
+    inp = line(file_id)
+    if give_up:
+        inp = inp.model_copy(update={"give_up_code": "line_lost", "give_up_message": "m"})
+    out = run(acts, inp)
+    assert not out.ok and not out.retry and calls == []
+    rec = record(store)
+    assert rec["custom_id"] == "line-1" and rec["response"] is None
+    if give_up:
+        assert rec["error"] == {"code": "line_lost", "message": "m"}
+    else:
+        assert rec["error"]["code"] == "invalid_json_line"
+        assert "more than 128 levels deep" in rec["error"]["message"]
+
+
+def test_an_unexpected_exception_reading_the_line_commits_a_failed_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[httpx.Request] = []
+    acts, file_id, store = make(tmp_path, lambda r: calls.append(r) or httpx.Response(200))
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("activities.lines.strict_json.loads", broken)
+    out = run(acts, line(file_id))
+    assert out.error_code == "internal_error" and not out.retry and calls == []
+    assert record(store)["error"] == {"code": "internal_error", "message": "RuntimeError: a bug"}
+
+
+def test_an_unexpected_exception_sending_the_line_commits_a_failed_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    acts, file_id, store = make(tmp_path, lambda r: httpx.Response(200, json=OK_BODY))
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise KeyError("body")
+
+    monkeypatch.setattr("activities.lines.upstream_body", broken)
+    out = run(acts, line(file_id, final=False))  # not the final attempt: still no loop
+    assert out.error_code == "internal_error" and not out.retry
+    rec = record(store)
+    assert rec["custom_id"] == "c0" and rec["error"]["code"] == "internal_error"
+
+
+def test_the_line_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from activities import lines
+
+    acts, file_id, store = make(tmp_path, lambda r: httpx.Response(200, json=OK_BODY))
+    decoded: list[bytes] = []
+    real = lines.strict_json.loads
+
+    def counting(data: bytes, **kwargs: bool) -> object:
+        decoded.append(bytes(data))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr("activities.lines.strict_json.loads", counting)
+    assert run(acts, line(file_id)).ok
+    raw = store.read_line(BATCH, file_id, 0)
+    assert decoded.count(raw) == 1  # the other decoding is the upstream's answer
+    assert len(decoded) == 2
+
+
+def test_a_client_priority_is_dropped_where_the_route_has_no_hint(tmp_path: Path) -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(req.content))
+        return httpx.Response(200, json=OK_BODY)
+
+    acts, file_id, store = make(tmp_path, handler)
+    raw = store.read_line(BATCH, file_id, 0)
+    with_priority = raw.replace(b'"model": "demo"', b'"model": "demo", "priority": -100')
+    assert with_priority != raw
+    store.read_line = lambda *args: with_priority  # type: ignore[method-assign]
+    run(acts, line(file_id, position=0))  # no hint: no priority at all
+    run(acts, line(file_id, position=1).model_copy(update={"priority": 10}))  # the hint wins
+    assert "priority" not in seen[0] and seen[1]["priority"] == 10
+    assert seen[0]["model"] == "demo"

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from activities.finalizing import FinalizeActivities
 from activities.lines import RETRYABLE_STATUS
+from backfill import strict_json
 from backfill.messages import FinalizeInput
-from backfill.records import STRICT_JSON, outcome_from_record, usage_of
+from backfill.records import outcome_from_record, usage_of
 from tests.unit.test_run_line import BATCH, line, make, record, run
 
 
@@ -102,14 +103,14 @@ def test_a_2xx_with_nan_or_not_an_object_is_invalid_and_never_written_as_bad_jso
 ) -> None:
     acts, file_id, store = make(tmp_path, lambda r: httpx.Response(200, content=body))
     assert run(acts, line(file_id)).error_code == "invalid_response"
-    STRICT_JSON.decode((store.get_result(BATCH, 0) or b"").decode())
+    strict_json.loads(store.get_result(BATCH, 0) or b"", finite=False)
 
 
 def test_an_error_answer_with_nan_is_kept_as_text_in_valid_json(tmp_path: Path) -> None:
     acts, file_id, store = make(tmp_path, lambda r: httpx.Response(500, content=b'{"e": NaN}'))
     out = run(acts, line(file_id))
     assert out.status_code == 500 and not out.ok
-    rec = STRICT_JSON.decode((store.get_result(BATCH, 0) or b"").decode())
+    rec = strict_json.loads(store.get_result(BATCH, 0) or b"", finite=False)
     assert rec["response"]["body"] == {"error": {"message": '{"e": NaN}'}}
 
 
@@ -147,7 +148,7 @@ def test_finalizing_cannot_fail_on_an_unreadable_record_and_reruns_write_the_sam
     first = fin._finalize(inp)
     assert (first.total, first.completed, first.failed) == (3, 1, 2)
     errors = store.read_file(first.error_file_id or "")
-    lines = [STRICT_JSON.decode(x) for x in errors.decode().splitlines()]
+    lines = [strict_json.loads(x) for x in errors.decode().splitlines()]
     assert [e["error"]["code"] for e in lines] == ["internal_error", "batch_cancelled"]
     again = fin._finalize(inp)
     assert store.read_file(again.error_file_id or "") == errors
@@ -213,7 +214,7 @@ def test_any_upstream_answer_ends_in_exactly_one_readable_record(
         assert not final and status in RETRYABLE_STATUS and data is None
         return
     assert data is not None
-    STRICT_JSON.decode(data.decode("utf-8"))  # valid JSON, no NaN
+    strict_json.loads(data, finite=False)  # valid JSON, no NaN
     assert outcome_from_record(0, data) == out
     assert len(list((tmp / "batches" / BATCH / "results").rglob("*.json"))) == 1
     assert run(acts, line(file_id, final=True)) == out  # a rerun never commits a second record

@@ -245,6 +245,42 @@ def test_invalid_json_line(bad: bytes) -> None:
     assert message
 
 
+def nested_line(custom_id: str, levels: int) -> bytes:
+    """A valid request line nesting `levels` deep in all (the line is level 1, its body 2)."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "x": None}
+    inner = b"[" * (levels - 2) + b"]" * (levels - 2)
+    return req(custom_id, body=body).replace(b'"x":null', b'"x":' + inner)
+
+
+@pytest.mark.parametrize("levels", [127, 128])
+def test_nesting_up_to_the_limit_is_accepted(levels: int) -> None:
+    assert run(nested_line("a", levels), s=settings(max_line_bytes=10_000)).errors == []
+
+
+@pytest.mark.parametrize("levels", [129, 900, 1000, 5000])
+def test_a_line_nested_deeper_than_the_limit_is_refused_with_its_line(levels: int) -> None:
+    # 900 levels used to pass here (a thread with a fresh stack) and loop forever in run_line.
+    deep = nested_line("b", levels)
+    s = settings(max_line_bytes=20_000)
+    code, line, _, message = only_error(req("a") + b"\n\n" + deep + b"\n", s=s)
+    assert (code, line) == ("invalid_json_line", 3)
+    assert "more than 128 levels deep" in message
+
+
+@pytest.mark.parametrize("number", [b"1e999", b"-1E+400", b"9" * 400 + b".5"])
+def test_a_number_too_large_for_a_float_is_refused_like_nan(number: bytes) -> None:
+    # Python reads 1e999 as infinity and would send it upstream as `Infinity` (invalid JSON).
+    line = req("a").replace(b'"model"', b'"temperature":' + number + b',"model"')
+    code, lineno, _, message = only_error(line, s=settings(max_line_bytes=10_000))
+    assert (code, lineno) == ("invalid_json_line", 1)
+    assert "too large" in message
+
+
+def test_a_large_number_inside_a_string_is_just_text() -> None:
+    body = {"model": "demo", "messages": [{"role": "user", "content": "1e999 and [[[["}]}
+    assert run(req("a", body=body)).errors == []
+
+
 @pytest.mark.parametrize("cid", [_DROP, None, "", 7, ["x"]])
 def test_missing_custom_id(cid: Any) -> None:
     code, line, param, _ = only_error(req(custom_id=cid))
@@ -423,9 +459,18 @@ def test_one_error_per_line_first_check_wins() -> None:
     assert (code, line, param) == ("duplicate_custom_id", 2, "custom_id")
 
 
+def test_a_responses_line_needs_its_input() -> None:
+    url = "/v1/responses"
+    ok = req("a", url=url, body={"model": "demo", "input": [{"role": "user", "content": "hi"}]})
+    assert run(ok, endpoint=url).errors == []
+    missing = req("a", url=url, body={"model": "demo", "messages": []})
+    code, line, param, _ = only_error(missing, endpoint=url)
+    assert (code, line, param) == ("invalid_body", 1, "body.input")
+
+
 def test_bad_endpoint_or_max_errors_is_a_caller_bug() -> None:
     with pytest.raises(ValueError):
-        run(req("a"), endpoint="/v1/responses")
+        run(req("a"), endpoint="/v1/moderations")
     with pytest.raises(ValueError):
         run(req("a"), max_errors=0)
 
