@@ -2,7 +2,7 @@
 
 The dev server's SQLite visibility allows 10 Keyword attributes; we use few. The names and types
 here are registered by `backfill dev` (``--search-attribute``) and must be registered on a
-production namespace by the operator (docs/operations.md).
+production namespace by the operator (docs/operator-guide.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Pure and deterministic (standard library and pydantic only, no I/O besides readi
 Import it inside `workflow.unsafe.imports_passed_through()`: `zoneinfo` objects are restricted
 proxies in the workflow sandbox, a passed-through module uses the real ones.
 
-Rules (DESIGN.md, issue 9, decision 0010):
+Rules (issue 9 and decision 0010, docs/decisions/0010-time-window-rules.md):
 
 - `days` are the local days a window **starts**. `from_` < `until`: the same day;
   `until` < `from_`: it ends on the next day (spans midnight); `from_` == `until`: the whole day,
