@@ -1,5 +1,11 @@
 """The finalizing activity: assemble a batch's output (2xx) and error files from its per-line
-records, in input order. File ids derive from the batch id, so a rerun rewrites the same files."""
+records, in input order. File ids derive from the batch id, so a rerun rewrites the same files.
+
+Its counts and usage are the batch's final `request_counts` and `usage`: the committed records
+are the one source of truth (one record per line, first writer wins), so a line committed by a
+worker that died, or cancelled with the workflow, counts as what it committed, once. The batch
+workflow's running tallies only show progress until then, and are replaced by these
+(`BatchWorkflow._finish`, `backfill.lifecycle.tally_line`)."""
 
 from __future__ import annotations
 
@@ -37,7 +43,8 @@ class FinalizeActivities:
         return out
 
     def _assemble(self, input: FinalizeInput) -> FinalizeOutput:
-        """Lines that never ran get `batch_expired` / `batch_cancelled` records."""
+        """Lines that never ran get `batch_expired` / `batch_cancelled` records. Counts and
+        usage are summed here, from the records, as the files are written."""
         end_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(input.reason)
         out = FinalizeOutput()
         usage = out.usage

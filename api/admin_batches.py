@@ -14,9 +14,10 @@ from typing import Annotated, get_args
 from fastapi import APIRouter, Depends, Query
 
 from api import batches
+from api import files as files_api
 from api.deps import ClientDep, Identity, IdentityDep, StoreDep
 from api.errors import Forbidden, InvalidRequest
-from api.schemas import COMMON_ERRORS, BatchList, FileList, FileObject, error_responses
+from api.schemas import COMMON_ERRORS, BatchList, FileList, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import Batch, BatchStatus
 
@@ -114,16 +115,4 @@ async def list_workspace_files(
 ) -> FileList:
     """File metadata (never content) of one workspace, or of every workspace; newest first."""
     files = await asyncio.to_thread(store.list_files, workspace)
-    files.sort(key=lambda f: (f.created_at, f.id), reverse=True)
-    if after is not None:
-        ids = [f.id for f in files]
-        if after not in ids:
-            raise InvalidRequest(f"No such File object for 'after': {after}", param="after")
-        files = files[ids.index(after) + 1 :]
-    page = files[:limit]
-    return FileList(
-        data=[FileObject.of(f) for f in page],
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(files) > limit,
-    )
+    return files_api.file_page(files, after=after, limit=limit)

@@ -12,7 +12,18 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import admin, admin_batches, admin_usage, batches, console, errors, files, health, proxy
+from api import (
+    admin,
+    admin_batches,
+    admin_usage,
+    batches,
+    console,
+    errors,
+    files,
+    health,
+    jobs,
+    proxy,
+)
 from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
@@ -83,6 +94,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(jobs.router)  # /gateway/v1/batches: single jobs over batches
     app.include_router(proxy.router)
     app.include_router(health.router)
     app.include_router(admin.router)

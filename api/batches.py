@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, get_args
 
 from fastapi import APIRouter, Query
 from pydantic import ValidationError
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowUpdateFailedError,
@@ -28,10 +30,12 @@ from backfill.admission import ReserveRequest
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.config import Settings
 from backfill.ids import new_batch_id
+from backfill.jobs import job_memo
 from backfill.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, SUMMARY_MEMO, initial_batch
 from backfill.messages import BatchInput, PauseRequest
 from backfill.progress import add_route_reasons
 from backfill.refs import BatchWorkflow
+from backfill.store import FileObject as StoredFile
 from backfill.store import Store, chunks
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
@@ -65,6 +69,19 @@ async def create_batch(
             f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.",
             param="input_file_id",
         )
+    return await start_batch(req, file, settings, client, store, identity)
+
+
+async def start_batch(
+    req: CreateBatch,
+    file: StoredFile,
+    settings: Settings,
+    client: Client,
+    store: Store,
+    identity: Identity,
+) -> Batch:
+    """Create the batch of `req` over `file` (checked: the caller's, purpose `batch`) and start
+    its workflow. Also how `/gateway/v1/batches` creates a job's one-line batch."""
     # One clock reading for both, so newest-first by (created_at, id) matches creation order.
     now_ms = int(time.time() * 1000)
     now = now_ms // 1000
@@ -148,7 +165,7 @@ async def _start(
                 SearchAttributePair(sa.CREATED_AT, inp.created_at),
             ]
         ),
-        memo={"workspace": workspace, SUMMARY_MEMO: summary},
+        memo={"workspace": workspace, SUMMARY_MEMO: summary, **job_memo(inp.metadata)},
         static_summary=summary,
     )
 
@@ -164,14 +181,24 @@ async def list_batches(
     return await list_page(client, query, after=after, limit=limit)
 
 
-async def list_page(client: Client, filters: str, *, after: str | None, limit: int) -> BatchList:
-    """One page of the batches matching `filters` (a visibility query, or ""), newest first
-    with a stable `after` cursor. Shared by `/v1/batches` and the admin listing."""
+async def list_page(
+    client: Client,
+    filters: str,
+    *,
+    after: str | None,
+    limit: int,
+    keep: Callable[[WorkflowExecution], Awaitable[bool]] | None = None,
+) -> BatchList:
+    """One page of the batches matching `filters` (a visibility query, or ""), and `keep` if
+    given, newest first with a stable `after` cursor. Shared by `/v1/batches`, the admin
+    listing and `/gateway/v1/batches`."""
     # SQL visibility ignores ORDER BY, so order here: newest first by (created_at, id).
     query = "WorkflowType = 'BatchWorkflow'" + (f" AND {filters}" if filters else "")
     rows: dict[str, tuple[int, str]] = {}
     async for ex in client.list_workflows(query, page_size=1000):
         if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            continue
+        if keep is not None and not await keep(ex):
             continue
         created = ex.typed_search_attributes.get(sa.CREATED_AT) or 0
         rows[ex.id] = (int(created), ex.id)

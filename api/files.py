@@ -23,6 +23,7 @@ from api.schemas import (
 )
 from api.upload import read_upload
 from backfill.admission import Reservation, pinned_bytes
+from backfill.config import Settings
 from backfill.store import FileObject as StoredFile
 from backfill.store import Store, chunks
 
@@ -54,13 +55,8 @@ async def upload_file(
     identity.require_write()
     workspace = identity.workspace
     limit = settings.workspace_limits(workspace).max_stored_bytes
-    held: list[Reservation] = []
-    room = None
-    if limit is not None:
-        held = await admission.held(client, workspace)
-        room = limit - await asyncio.to_thread(stored_bytes, store, workspace, held)
-        if room <= 0:
-            raise _storage_limit(limit, workspace)
+    held = await admission.held(client, workspace) if limit is not None else []
+    room = await asyncio.to_thread(storage_room, settings, store, workspace, held)
     parsed = await read_upload(request, store, settings.limits.max_file_bytes)
     upload = parsed.upload
     try:
@@ -100,6 +96,21 @@ def stored_bytes(store: Store, workspace: str, held: list[Reservation]) -> int:
     still held by admission whose uploaded file is gone (`backfill.admission.pinned_bytes`)."""
     files = store.list_files(workspace)
     return sum(f.bytes for f in files) + pinned_bytes(held, {f.id for f in files})
+
+
+def storage_room(
+    settings: Settings, store: Store, workspace: str, held: list[Reservation] | None = None
+) -> int | None:
+    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all.
+    `held`: the workspace's admission reservations (`api.admission.held`), whose deleted
+    inputs still count."""
+    limit = settings.workspace_limits(workspace).max_stored_bytes
+    if limit is None:
+        return None
+    room = limit - stored_bytes(store, workspace, held or [])
+    if room <= 0:
+        raise _storage_limit(limit, workspace)
+    return room
 
 
 def _storage_limit(limit: int | None, workspace: str) -> TooManyRequests:
@@ -153,7 +164,15 @@ async def list_files(
     workspace = None if identity.can_see(None) else identity.workspace
     stored = await asyncio.to_thread(store.list_files, workspace)
     files = [f for f in stored if purpose is None or f.purpose == purpose]
-    files.sort(key=lambda f: (f.created_at, f.id), reverse=order == "desc")
+    return file_page(files, after=after, limit=limit, newest_first=order == "desc")
+
+
+def file_page(
+    files: list[StoredFile], *, after: str | None, limit: int, newest_first: bool = True
+) -> FileList:
+    """One page of a file listing, OpenAI's way: sorted by creation time (ties by id), starting
+    after the file `after` names (400 if it is not in the listing), at most `limit` files."""
+    files = sorted(files, key=lambda f: (f.created_at, f.id), reverse=newest_first)
     if after is not None:
         ids = [f.id for f in files]
         if after not in ids:

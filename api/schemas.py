@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
+from backfill.jobs import Job
 from backfill.load_gate import ServerLoadSettings
 from backfill.store import FileObject as StoredFile
 from backfill.windows import TimeWindow
@@ -264,16 +265,51 @@ class BatchScheduling(BaseModel):
     status: SchedulingStatus
 
 
+# ---- single jobs (/gateway/v1/batches) ------------------------------------------------------
+
+
+class CreateJob(BaseModel):
+    """`POST /gateway/v1/batches`: one request, run durably as a one-line batch. Unknown
+    fields are ignored."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    path: Endpoint
+    """The endpoint to send the request to."""
+    body: dict[str, Any]
+    """The request body, as that endpoint takes it (with `model`; no streaming)."""
+    completion_window: CompletionWindow = "24h"
+    """How long the job may wait for capacity before it ends `failed` (`batch_expired`)."""
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        default=None, max_length=MAX_METADATA_PAIRS - 1
+    )
+    """Up to 15 pairs (the batch's 16th marks it a job): keys of at most 64 characters, string
+    values of at most 512; the key `backfill_job` is reserved."""
+
+
+class JobList(BaseModel):
+    model_config = _Output
+
+    object: Literal["list"] = "list"
+    data: list[Job]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
 __all__ = [
     "Batch",
     "BatchList",
     "BatchScheduling",
     "COMMON_ERRORS",
     "CreateBatch",
+    "CreateJob",
     "ErrorResponse",
     "FileDeleted",
     "FileList",
     "FileObject",
+    "Job",
+    "JobList",
     "ScheduledBatch",
     "SchedulingSettings",
     "SchedulingStatus",

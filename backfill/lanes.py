@@ -2,14 +2,25 @@
 
 No temporalio import: what may start, what to requeue, and when to tell the route's scheduler
 that demand changed are decided here and unit-tested without a server.
+
+"The lines of a route" at each stage: `backfill.store.RouteLines` is the store's index entry
+(route, model, line count, written by validation into the batch's index); validation answers
+the workflow with one `backfill.messages.RouteAssignment` per entry (adding its position in the
+route list); the workflow builds a `Lane` from each (`Lane.from_assignment`) and keeps its
+progress there.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from backfill.gates import backoff_delay
 from backfill.ids import scheduler_workflow_id
+
+if TYPE_CHECKING:
+    from backfill.messages import RouteAssignment  # messages imports this module
 
 
 class Tries(BaseModel):
@@ -22,6 +33,10 @@ class Tries(BaseModel):
 
 
 class Lane(BaseModel):
+    """A `RouteAssignment` (the batch's lines on one route, fixed at validation) with the
+    progress of those lines in this batch: built by `from_assignment`, carried over
+    continue-as-new in `BatchState.lanes`."""
+
     index: int
     """The route's position in the batch's route list (names its line list in the store)."""
     route_id: str
@@ -52,6 +67,11 @@ class Lane(BaseModel):
     """No new line starts (cancelled or expired)."""
     priority: int | None = None
     """The route's priority hint, from the scheduler's latest allotment."""
+
+    @classmethod
+    def from_assignment(cls, a: RouteAssignment) -> Lane:
+        """The lane of a route the validation assigned lines to, before any line ran."""
+        return cls(index=a.index, route_id=a.route_id, model=a.model, total=a.total)
 
     @property
     def scheduler_id(self) -> str:
@@ -85,7 +105,9 @@ class Lane(BaseModel):
         self.requeued.insert(0, position)
         self.attempts[position] = tries
 
-    def finish(self, position: int) -> None:
+    def finish(self) -> None:
+        """A line ended for good (committed, or given up): the route's back-off level starts
+        over."""
         self.finished += 1
         self.backoff_level = 0
 

@@ -16,7 +16,7 @@ from backfill.batches import (
     RouteProgress,
 )
 from backfill.lanes import Lane
-from backfill.messages import BatchInput, EndReason
+from backfill.messages import BatchInput, EndReason, LineOutcome
 
 
 def initial_batch(input: BatchInput) -> Batch:
@@ -185,6 +185,21 @@ def show_done(batch: Batch) -> None:
     for p in batch.backfill.routes:
         p.reason, p.running_lines, p.allotment = None, 0, 0
         p.state = "done"
+
+
+def tally_line(batch: Batch, outcome: LineOutcome) -> None:
+    """Count a line that ended for good into the batch's `request_counts` and `usage`. These
+    running tallies are for progress only (the status memo, the UI, a retrieve while the batch
+    runs): when the batch ends they are replaced by finalizing's, counted from the committed
+    records, which also hold the lines the workflow never saw end (committed by a worker that
+    died, or cancelled with the workflow)."""
+    counts = batch.request_counts
+    if outcome.ok:
+        counts.completed += 1
+    else:
+        counts.failed += 1
+    if outcome.usage is not None:
+        batch.usage.add(outcome.usage)
 
 
 # ---- when to wake up ----

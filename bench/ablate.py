@@ -27,7 +27,7 @@ ABLATIONS = ("heartbeat", "fsync", "http")
 
 
 class _OsWithoutFsync:
-    """`os` for backfill.store, with fsync a no-op."""
+    """`os` for backfill.store.local, with fsync a no-op."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -78,7 +78,7 @@ def ablated(names: list[str], latency_s: float = 0.0) -> Iterator[None]:
     """Apply the named ablations for the duration of the block, then restore everything.
     `latency_s`: how long the canned answer of `http` waits (the simulator's latency)."""
     import activities.lines as lines_mod
-    import backfill.store as store_mod
+    import backfill.store.local as store_mod
 
     unknown = set(names) - set(ABLATIONS)
     if unknown:

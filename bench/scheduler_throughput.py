@@ -66,12 +66,9 @@ from bench.line_work import LineWork  # noqa: E402
 from worker.lag import measuring  # noqa: E402
 from worker.main import ACTIVITY_POLLERS, eager_options, running_worker  # noqa: E402
 from worker.upstream import upstream_client  # noqa: E402
-from workflows.batch import (  # noqa: E402
-    LINE_HEARTBEAT_SECONDS,
-    LINES_PER_RUN,
-    BatchInput,
-    BatchWorkflow,
-)
+from workflows.batch import BatchInput, BatchWorkflow  # noqa: E402
+from workflows.line_activity import LINE_HEARTBEAT_SECONDS  # noqa: E402
+from workflows.patches import LINES_PER_RUN  # noqa: E402
 
 MODEL = "bench"
 EAGER_DEFAULT: int = Settings.model_fields["worker_eager_activities"].default

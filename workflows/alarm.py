@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from temporalio import workflow
 
-KEEP_DUE_TIMERS = "alarm-keeps-due-timers"
-"""Patch: a timer due within `DUE_SOON_S` is left to fire (and ignored) instead of cancelled."""
+from workflows.patches import ALARM_KEEPS_DUE_TIMERS
+
 DUE_SOON_S = 5.0
 """A timer due this soon may fire while the workflow task that would cancel it is with the
 worker. Temporal's time-skipping test server refuses such a task ("invalid history builder
@@ -44,7 +44,7 @@ class Alarm:
             return
         if self._task is not None:
             due_soon = self._at is not None and self._at <= workflow.now().timestamp() + DUE_SOON_S
-            if not (due_soon and workflow.patched(KEEP_DUE_TIMERS)):
+            if not (due_soon and workflow.patched(ALARM_KEEPS_DUE_TIMERS)):
                 self._task.cancel()
             self._task = None  # a timer left to fire rings for nothing (`_ring`)
         self._at = at
@@ -55,7 +55,7 @@ class Alarm:
     async def _ring(self, delay: float) -> None:
         await workflow.sleep(delay)
         if self._task is not asyncio.current_task():
-            return  # replaced by a later deadline and left to fire (KEEP_DUE_TIMERS)
+            return  # replaced by a later deadline and left to fire (ALARM_KEEPS_DUE_TIMERS)
         self._task = None
         self._at = None
         self._on_ring()

@@ -19,6 +19,7 @@ from api.admin_batches import batch_filters
 from api.console.web import SessionDep, checked_form, render, router
 from api.deps import ClientDep, SettingsDep, StoreDep
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
+from backfill.jobs import is_job
 
 STATUSES: tuple[str, ...] = get_args(BatchStatus)
 CONTROLLABLE = ("validating", "in_progress")
@@ -96,6 +97,7 @@ async def batches_page(
         models=[m.id for m in settings.models],
         now=time.time(),
         why_it_waits=why_it_waits,
+        is_job=lambda b: is_job(b.metadata),
     )
 
 

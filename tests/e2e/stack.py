@@ -38,9 +38,9 @@ from backfill.config import hash_key
 from backfill.dev.devserver import connect_client
 from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.ids import scheduler_workflow_id
-from backfill.s3store import S3Store
 from backfill.sim import SimConfig, SimServer
 from backfill.store import FileStore, Store
+from backfill.store.s3 import S3Store
 from tests.polling import PollTimeout, poll_until
 from tests.s3server import BUCKET, CREDENTIALS, REGION, MotoProcess
 from tests.s3server import client as s3_client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backfill.gates import Gate
 from backfill.lanes import Lane, Tries, demand_to_report
-from backfill.messages import BatchSlot, RouteSettings, SchedulerInput
+from backfill.messages import BatchSlot, RouteAssignment, RouteSettings, SchedulerInput
 from workflows.scheduler import scheduler_status
 
 
@@ -20,6 +20,26 @@ def test_lines_start_only_within_the_allotment() -> None:
     while ln.can_start(0):
         started.append(ln.take())
     assert started == [(0, Tries()), (1, Tries())] and ln.running == 2
+
+
+def test_a_lane_is_built_from_its_route_assignment_with_nothing_run() -> None:
+    a = RouteAssignment(index=2, route_id="r9", model="m9", total=7)
+    ln = Lane.from_assignment(a)
+    assert (ln.index, ln.route_id, ln.model, ln.total) == (2, "r9", "m9", 7)
+    assert ln == Lane(index=2, route_id="r9", model="m9", total=7)
+    assert ln.pending_count() == 7 and not ln.done
+
+
+def test_a_finished_line_counts_and_resets_the_back_off_level() -> None:
+    ln = lane(total=2)
+    ln.set_allotment(1, 2)
+    ln.take()
+    ln.back_off(0.0)
+    ln.back_off(0.0)
+    ln.finish()
+    assert (ln.finished, ln.backoff_level, ln.done) == (1, 0, False)
+    ln.finish()
+    assert ln.done
 
 
 def test_requeued_lines_go_first_with_their_attempts() -> None:

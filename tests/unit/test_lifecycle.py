@@ -7,7 +7,7 @@ from typing import get_args
 
 import pytest
 
-from backfill.batches import Batch, BatchStatus, RequestCounts
+from backfill.batches import Batch, BatchStatus, RequestCounts, TokenCounts
 from backfill.lanes import Lane
 from backfill.lifecycle import (
     KEEPALIVE_SECONDS,
@@ -22,9 +22,10 @@ from backfill.lifecycle import (
     show_done,
     show_progress,
     status_memo,
+    tally_line,
     transition,
 )
-from backfill.messages import BatchInput
+from backfill.messages import BatchInput, LineOutcome
 
 NOW = 1_800_000_000
 ALL: tuple[BatchStatus, ...] = get_args(BatchStatus)
@@ -248,3 +249,12 @@ def test_a_back_off_wakes_a_batch_only_while_lines_may_start() -> None:
         )
         == expires
     )
+
+
+def test_tally_line_counts_each_outcome_and_its_usage() -> None:
+    b = batch("in_progress", request_counts=RequestCounts(total=3))
+    tally_line(b, LineOutcome(line=0, ok=True, usage=TokenCounts(input_tokens=3, total_tokens=7)))
+    tally_line(b, LineOutcome(line=1, error_code="http_400"))
+    tally_line(b, LineOutcome(line=2, error_code="line_lost"))
+    assert (b.request_counts.completed, b.request_counts.failed) == (1, 2)
+    assert (b.usage.input_tokens, b.usage.total_tokens) == (3, 7)

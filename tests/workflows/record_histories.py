@@ -45,7 +45,8 @@ from tests.workflows.events import (
     signaled,
     updated,
 )
-from workflows.batch import ALARMS_ON_TIME, BatchWorkflow
+from workflows.batch import BatchWorkflow
+from workflows.patches import ALARMS_ON_TIME
 
 OUT = Path(__file__).parent / "histories"
 VERSION = "v1"

@@ -21,7 +21,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
-import workflows.batch as batch_module
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
@@ -30,7 +29,7 @@ from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.messages import BatchInput
 from tests.conftest import TemporalServer
 from tests.workflows.test_expiry import Harness, harness_worker
-from workflows import run_length
+from workflows import patches, run_length
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
@@ -125,7 +124,7 @@ async def test_a_batch_continues_as_new_when_temporal_suggests_it(
 
 def unsandboxed_worker(h: Harness) -> Worker:
     """The harness's worker without the sandbox, so a module constant lowered by the test
-    applies inside the workflow (the sandbox would re-import workflows.batch)."""
+    applies inside the workflow (the sandbox would re-import the workflow's modules)."""
     control = ControlActivities(h.settings, h.client)
     return Worker(
         h.client,
@@ -161,7 +160,7 @@ async def test_a_run_no_longer_ends_after_a_fixed_number_of_lines(
 ) -> None:
     """With `LINES_PER_RUN` at 20, the code from before the patch ran this batch in two runs
     (the recorded histories below); now it is one."""
-    monkeypatch.setattr(batch_module, "LINES_PER_RUN", 20)
+    monkeypatch.setattr(patches, "LINES_PER_RUN", 20)
     h = Harness(WorkflowEnvironment.from_client(await dev_server.client()), tmp_path)
     async with unsandboxed_worker(h):
         _, runs = await run_batch(h, 30)
@@ -179,7 +178,7 @@ async def test_the_histories_of_a_fixed_line_count_exist() -> None:
 async def test_runs_that_ended_after_a_fixed_number_of_lines_still_replay(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(batch_module, "LINES_PER_RUN", 20)  # as when they were recorded
+    monkeypatch.setattr(patches, "LINES_PER_RUN", 20)  # as when they were recorded
     replayer = Replayer(
         workflows=[BatchWorkflow, RouteSchedulerWorkflow],
         data_converter=pydantic_data_converter,

@@ -20,7 +20,8 @@ from activities.lines import LineActivities
 from backfill.messages import LineInput, LineOutcome
 from backfill.sim import SimServer
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
-from workflows.batch import MAX_LOST_ATTEMPTS, BatchWorkflow
+from workflows.batch import BatchWorkflow
+from workflows.line_activity import MAX_LOST_ATTEMPTS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -39,12 +39,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from backfill.ids import is_batch_id, is_file_id, new_file_id
-from backfill.store import (
-    FINALIZED,
-    FileObject,
-    Store,
-    Upload,
-)
+from backfill.store.base import FINALIZED, FileObject, Store, Upload
 
 if TYPE_CHECKING:
     from backfill.config import Settings
@@ -295,7 +290,7 @@ class S3Store(Store):
         f = self._open(self._batch_key(batch_id, "input.jsonl"))
         return f if f is not None else self.open_file(input_file_id)
 
-    def _write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
+    def write_index_part(self, batch_id: str, name: str, data: bytes) -> None:
         self._put(self._batch_key(batch_id, name), data)
 
     def _index_value(self, batch_id: str, name: str, i: int, typecode: str) -> int:
@@ -435,7 +430,7 @@ class S3Upload(Upload):
     def _key(self) -> str:
         return self.store._file_key(self._id, "data")
 
-    def _write(self, chunk: bytes) -> None:
+    def write_chunk(self, chunk: bytes) -> None:
         self._buf += chunk
         while len(self._buf) >= self.store.part_bytes:
             part = bytes(self._buf[: self.store.part_bytes])
@@ -453,7 +448,7 @@ class S3Upload(Upload):
         )
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
 
-    def _publish(self, obj: FileObject) -> None:
+    def publish(self, obj: FileObject) -> None:
         s = self.store
         if self._upload_id is None:  # smaller than a part: one put, straight to its key
             s._put(s._file_key(obj.id, "data"), bytes(self._buf))

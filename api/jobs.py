@@ -1,0 +1,277 @@
+"""Single durable jobs: `/gateway/v1/batches` (create, list, read, output, pause, resume,
+cancel), each job a one-line batch underneath.
+
+Creating a job stores its one line as an input file of the caller's workspace (as an upload is
+stored) and starts the batch exactly as `POST /v1/batches` does (`api.batches.start_batch`),
+with `backfill.jobs.JOB_METADATA` in its metadata. Reads and controls go through the Batches
+API's own functions, so visibility, roles and audit are the same; the job view is
+`backfill.jobs.job_of`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
+from temporalio.client import Client, WorkflowExecution
+
+from api import audit, batches
+from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
+from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
+from api.files import storage_room
+from api.schemas import COMMON_ERRORS, CreateBatch, CreateJob, JobList, error_responses
+from backfill import search_attributes as sa
+from backfill.batches import TERMINAL_STATUSES, Batch, BatchError
+from backfill.config import Settings
+from backfill.input_rules import validate_input
+from backfill.jobs import (
+    JOB_MEMO,
+    JOB_METADATA,
+    JOB_METADATA_KEY,
+    Job,
+    JobState,
+    is_job,
+    job_line,
+    job_of,
+    job_state,
+    read_record,
+)
+from backfill.store import FileObject as StoredFile
+from backfill.store import Store
+
+PREFIX = "/gateway/v1/batches"
+router = APIRouter(prefix=PREFIX, tags=["jobs"], responses=COMMON_ERRORS)
+
+JOB_FILENAME = "gateway-job.jsonl"
+"""The name of a job's stored input file (one line)."""
+_UNCONTROLLABLE: frozenset[JobState] = frozenset({"completed", "failed", "cancelled"})
+
+
+# ---- create ----------------------------------------------------------------------------------
+@router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    responses={
+        202: {
+            "description": "Accepted: the job is queued",
+            "headers": {
+                "Location": {
+                    "description": "The job's URL (`/gateway/v1/batches/{id}`)",
+                    "schema": {"type": "string"},
+                }
+            },
+        },
+        **error_responses(403, 429),
+    },
+)
+async def create_job(
+    req: CreateJob,
+    response: Response,
+    settings: SettingsDep,
+    client: ClientDep,
+    store: StoreDep,
+    identity: WriterDep,
+) -> Job:
+    """Queue one request; it runs in the route's spare capacity like a batch line."""
+    metadata = dict(req.metadata or {})
+    if JOB_METADATA_KEY in metadata:
+        raise InvalidRequest(
+            f"The metadata key {JOB_METADATA_KEY!r} is reserved.", param="metadata"
+        )
+    line = job_line(req.path, req.body)
+    _check_line(line, req.path, settings, identity)
+    file = await asyncio.to_thread(_store_line, settings, store, identity.workspace, line)
+    create = CreateBatch(
+        input_file_id=file.id,
+        endpoint=req.path,
+        completion_window=req.completion_window,
+        metadata={**metadata, **JOB_METADATA},
+    )
+    try:
+        batch = await batches.start_batch(create, file, settings, client, store, identity)
+    except BaseException:
+        await asyncio.to_thread(store.delete_file, file.id)
+        raise
+    response.headers["Location"] = f"{PREFIX}/{batch.id}"
+    return job_of(batch, None)
+
+
+def _check_line(line: bytes, path: str, settings: Settings, identity: Identity) -> None:
+    """The batch validator's checks on the job's line, now: a bad body is a 400 naming the
+    field (`body.model`, `body.messages`, ...), never a job that fails later."""
+    outcome = validate_input(
+        io.BytesIO(line),
+        batch_id="job",
+        endpoint=path,
+        settings=settings,
+        allowed_models=identity.allowed_models,
+        max_errors=1,
+    )
+    if outcome.errors:
+        raise _invalid(outcome.errors[0])
+
+
+def _invalid(error: BatchError) -> InvalidRequest:
+    param = {None: "body", "url": "path"}.get(error.param, error.param)
+    return InvalidRequest(error.message, param=param, code=error.code)
+
+
+def _store_line(settings: Settings, store: Store, workspace: str, line: bytes) -> StoredFile:
+    """Store the job's line as an input file of the workspace (as `POST /v1/files` would)."""
+    room = storage_room(settings, store, workspace)
+    if room is not None and len(line) > room:
+        raise TooManyRequests(
+            f"Workspace {workspace!r} has {room} bytes of file storage left; this job's "
+            f"request needs {len(line)}. Delete files (or let them expire) first.",
+            code="storage_limit_exceeded",
+        )
+    upload = store.begin_upload(max(settings.limits.max_file_bytes, len(line)))
+    try:
+        upload.write(line)
+        return upload.finish(
+            workspace=workspace,
+            filename=JOB_FILENAME,
+            purpose="batch",
+            now=int(time.time()),
+            expires_after=settings.limits.input_file_expiry_seconds,
+        )
+    finally:
+        upload.abort()
+
+
+# ---- read ------------------------------------------------------------------------------------
+async def _is_job(ex: WorkflowExecution) -> bool:
+    return bool(await ex.memo_value(JOB_MEMO, False))
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    client: ClientDep,
+    store: StoreDep,
+    identity: IdentityDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> JobList:
+    """The caller's workspace's jobs, newest first (`after`: the last id of the previous page)."""
+    query = f"{sa.WORKSPACE.name} = '{batches.quote(identity.workspace)}'"
+    page = await batches.list_page(client, query, after=after, limit=limit, keep=_is_job)
+    jobs = await asyncio.gather(*(_view(store, b) for b in page.data))
+    return JobList(
+        data=list(jobs), first_id=page.first_id, last_id=page.last_id, has_more=page.has_more
+    )
+
+
+@router.get("/{job_id}", response_model=Job, responses=error_responses(404))
+async def retrieve_job(
+    job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
+) -> Job:
+    return await _view(store, await _batch(client, identity, job_id))
+
+
+@router.get(
+    "/{job_id}/output",
+    response_class=JSONResponse,
+    responses={
+        200: {
+            "description": "The backend's answer body (JSON), once the job is completed",
+            "content": {"application/json": {"schema": {}}},
+        },
+        **error_responses(403, 404, 409),
+    },
+)
+async def job_output(
+    job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
+) -> JSONResponse:
+    identity.require_content()
+    batch = await _batch(client, identity, job_id)
+    record = read_record(await asyncio.to_thread(_record, store, batch))
+    job = job_of(batch, record)
+    if job.state == "failed":
+        why = f" ({job.error.code}: {job.error.message})" if job.error else ""
+        raise Conflict(f"Job {job_id} failed{why}; it has no output.", code="job_failed")
+    if job.state != "completed":
+        raise Conflict(
+            f"Job {job_id} is {job.state}; its output is available once it is completed.",
+            code="job_not_completed",
+        )
+    if record is None or record.status_code is None:
+        raise NotFound(
+            f"The output of job {job_id} is no longer stored (its batch's output file was "
+            "deleted or expired).",
+            code="output_not_found",
+        )
+    audit.cross_workspace(identity, "job.output", job_id, batch.backfill.workspace or "")
+    return JSONResponse(record.body)
+
+
+async def _batch(client: Client, identity: Identity, job_id: str) -> Batch:
+    """The job's batch; 404 for a batch that is not a job, or one the caller may not see."""
+    not_found = NotFound(f"No such job: {job_id}", param="job_id", code="job_not_found")
+    try:
+        batch = await batches.retrieve_batch(job_id, client, identity)
+    except NotFound:
+        raise not_found from None
+    if not is_job(batch.metadata):
+        raise not_found
+    return batch
+
+
+async def _view(store: Store, batch: Batch) -> Job:
+    return job_of(batch, read_record(await asyncio.to_thread(_record, store, batch)))
+
+
+def _record(store: Store, batch: Batch) -> bytes | None:
+    """The job's line's committed record: in the store while the batch runs, in its output or
+    error file (one line) once it ended. None when there is none (yet, or any more)."""
+    if batch.status in TERMINAL_STATUSES:
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if file_id:
+                try:
+                    return store.read_file(file_id)
+                except FileNotFoundError:
+                    continue
+        return None
+    try:
+        return store.get_result(batch.id, 0)
+    except (FileNotFoundError, KeyError):
+        return None
+
+
+# ---- control ---------------------------------------------------------------------------------
+async def _control(
+    action: str, job_id: str, client: Client, store: Store, identity: Identity
+) -> Job:
+    identity.require_write()
+    batch = await _batch(client, identity, job_id)
+    state = job_state(batch)
+    if state in _UNCONTROLLABLE or (state == "cancelling" and action != "cancel"):
+        raise Conflict(f"Cannot {action} a job in state '{state}'.", code="invalid_job_state")
+    control: Any = {
+        "pause": batches.pause_batch,
+        "resume": batches.resume_batch,
+        "cancel": batches.cancel_batch,
+    }[action]
+    return await _view(store, await control(job_id, client, identity))
+
+
+@router.post("/{job_id}/pause", response_model=Job, responses=error_responses(403, 404, 409))
+async def pause_job(job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep) -> Job:
+    """Hold the job back (`pausing` while an attempt is in flight, then `paused`)."""
+    return await _control("pause", job_id, client, store, identity)
+
+
+@router.post("/{job_id}/resume", response_model=Job, responses=error_responses(403, 404, 409))
+async def resume_job(job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep) -> Job:
+    """Let a paused job run again (`queued`)."""
+    return await _control("resume", job_id, client, store, identity)
+
+
+@router.post("/{job_id}/cancel", response_model=Job, responses=error_responses(403, 404, 409))
+async def cancel_job(job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep) -> Job:
+    """Cancel the job (`cancelling`, then `cancelled`); an attempt in flight finishes."""
+    return await _control("cancel", job_id, client, store, identity)

@@ -1,0 +1,254 @@
+"""The store contract: what every `Store` must do, run against each store (the local directory
+on tmp_path, and S3 against moto's server on loopback). A new backend joins `STORES` and must
+pass all of it. What only one store does is tested in test_store_local.py and test_store_s3.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from pathlib import Path
+
+import pytest
+
+from backfill.store import FileStore, FileTooLarge, Store, chunks
+from tests.stores import PART, index, indexed_batch, upload
+
+STORES = ["local", "s3"]
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "local":
+        return FileStore(tmp_path / "store")
+    return request.getfixturevalue("s3")  # type: ignore[no-any-return]
+
+
+# ---- files -----------------------------------------------------------------------------------
+
+
+def test_upload_read_list_and_delete(store: Store) -> None:
+    data = b'{"a": 1}\n\x00\xff'
+    file_id = upload(store, data, workspace="alpha")
+    other = upload(store, b"x", workspace="beta")
+    meta = store.get_file(file_id)
+    assert meta is not None and (meta.bytes, meta.workspace, meta.created_at) == (
+        len(data),
+        "alpha",
+        1000,
+    )
+    assert store.read_file(file_id) == data
+    assert b"".join(chunks(store.open_file(file_id), 3)) == data
+    assert [f.id for f in store.list_files("alpha")] == [file_id]
+    assert {f.id for f in store.list_files(None)} == {file_id, other}
+    assert store.delete_file(file_id) and not store.delete_file(file_id)
+    assert store.get_file(file_id) is None
+    with pytest.raises(FileNotFoundError):
+        store.open_file(file_id)
+    assert store.keys("files/") == sorted([f"files/{other}.data", f"files/{other}.json"])
+
+
+def test_ids_outside_the_store_are_refused(store: Store) -> None:
+    assert store.get_file("../../etc/passwd") is None
+    assert not store.delete_file("../x")
+    with pytest.raises(FileNotFoundError):
+        store.open_file("../x")
+    with pytest.raises(KeyError):
+        store.commit_result("../x", 0, b"")
+
+
+@pytest.mark.parametrize("cap", [10, PART + 10], ids=["in-memory", "a-part-sent"])
+def test_the_cap_is_enforced_while_streaming_and_abort_leaves_nothing(
+    store: Store, cap: int
+) -> None:
+    up = store.begin_upload(cap)
+    up.write(b"x" * cap)
+    with pytest.raises(FileTooLarge):
+        up.write(b"y")
+    up.abort()
+    up.abort()  # harmless again
+    assert store.keys("files/") == [] and store.pending_uploads() == {}
+
+
+def test_an_upload_is_pending_until_finished_and_visible_only_then(store: Store) -> None:
+    up = store.begin_upload(1 << 30)
+    up.write(b"a" * (2 * PART))
+    up.write(b"b")
+    [held] = store.pending_uploads().values()
+    assert 2 * PART <= held <= 2 * PART + 1  # a store may hold the last bytes in memory
+    assert len(store.keys("files/")) == 1 and store.list_files(None) == []
+    obj = up.finish(workspace="w", filename="big.jsonl", purpose="batch")
+    assert store.pending_uploads() == {}
+    assert store.keys("files/") == [f"files/{obj.id}.data", f"files/{obj.id}.json"]
+    assert store.read_file(obj.id) == b"a" * (2 * PART) + b"b"
+    up.abort()  # after finish: nothing to abort, the file stays
+    assert store.get_file(obj.id) == obj
+
+
+def test_a_multipart_sized_upload_round_trips(store: Store) -> None:
+    data = secrets.token_bytes(2 * PART + 12345)
+    file_id = upload(store, data)
+    assert store.read_file(file_id) == data
+    assert b"".join(chunks(store.open_file(file_id))) == data
+    assert store.pending_uploads() == {}
+
+
+def test_an_output_named_at_finish_replaces_the_file_of_that_id(store: Store) -> None:
+    for content in (b"first run\n", b"second run\n"):
+        up = store.begin_upload(1 << 30)
+        up.write(content)
+        obj = up.finish(
+            workspace="w", filename="o.jsonl", purpose="batch_output", file_id="file-out"
+        )
+        assert obj.id == "file-out"
+    assert store.read_file("file-out") == b"second run\n"
+    assert store.keys("files/") == ["files/file-out.data", "files/file-out.json"]
+
+
+def test_expired_files_and_update(store: Store) -> None:
+    short = upload(store, b"a", expires=3600)
+    upload(store, b"b")
+    assert [f.id for f in store.expired_files(4599)] == []
+    assert [f.id for f in store.expired_files(4600)] == [short]
+    meta = store.get_file(short)
+    assert meta is not None
+    store.update_file(meta.model_copy(update={"expires_at": 2000}))
+    assert [f.id for f in store.expired_files(2000)] == [short]
+    assert store.read_file(short) == b"a"  # the content is unchanged
+
+
+# ---- batches: pinned input and line index --------------------------------------------------------
+
+
+def test_index_and_pinned_input_survive_deleting_the_upload(store: Store) -> None:
+    data = b'{"custom_id":"a"}\n\n{"custom_id":"bb"}\n{"custom_id":"c"}'
+    file_id = upload(store, data)
+    store.snapshot_input("batch_y", file_id)
+    store.snapshot_input("batch_y", file_id)  # again: harmless
+    index(store, "batch_y", data)
+    assert store.delete_file(file_id)  # the user's right: the batch reads its pinned copy
+    assert store.get_file(file_id) is None
+    assert store.index_total("batch_y") == 3
+    assert store.read_line("batch_y", file_id, 1) == b'{"custom_id":"bb"}'
+    assert [store.line_number("batch_y", 0, p) for p in range(3)] == [2, 1, 0]
+    assert list(store.iter_lines("batch_y", file_id)) == [
+        (0, b'{"custom_id":"a"}'),
+        (1, b'{"custom_id":"bb"}'),
+        (2, b'{"custom_id":"c"}'),
+    ]
+    with store.open_input("batch_y", file_id) as f:
+        assert f.read() == data
+
+
+def test_an_unpinned_batch_reads_the_upload(store: Store) -> None:
+    data = b'{"custom_id":"a"}\n{"custom_id":"b"}\n'
+    file_id = upload(store, data)
+    index(store, "batch_old", data)
+    assert store.read_line("batch_old", file_id, 1) == b'{"custom_id":"b"}'
+    assert [raw for _, raw in store.iter_lines("batch_old", file_id)] == data.split(b"\n")[:2]
+
+
+def test_pinning_a_missing_file_is_refused(store: Store) -> None:
+    with pytest.raises(FileNotFoundError):
+        store.snapshot_input("batch_gone", "file-nosuchfile")
+
+
+def test_a_batch_without_an_index_reads_no_lines(store: Store) -> None:
+    with pytest.raises(FileNotFoundError):
+        store.index_total("batch_none")
+    with pytest.raises(FileNotFoundError):
+        store.line_number("batch_none", 0, 0)
+
+
+# ---- batches: per-line results -------------------------------------------------------------------
+
+
+def test_first_result_wins(store: Store) -> None:
+    assert store.commit_result("batch_x", 0, b"first") == (b"first", True)
+    assert store.commit_result("batch_x", 0, b"second") == (b"first", False)
+    assert store.get_result("batch_x", 0) == b"first"
+    assert store.get_result("batch_x", 1) is None
+    # nothing but the record is left behind (no temp files)
+    assert store.keys("batches/batch_x/") == ["batches/batch_x/results/00000/0.json"]
+
+
+def test_concurrent_writers_of_one_line_exactly_one_wins(store: Store) -> None:
+    """Real concurrency: 16 threads released at once, each committing its own record for the
+    same line. Exactly one is told it committed; all get its record. (On S3 this is how to
+    check a server enforces `If-None-Match: *`: one that ignores it fails here.)"""
+    writers = 16
+    start = threading.Barrier(writers)
+    results: list[tuple[bytes, bool]] = []
+    lock = threading.Lock()
+
+    def commit(i: int) -> None:
+        start.wait()
+        got = store.commit_result("batch_race", 7, f"writer-{i}".encode())
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [rec for rec, mine in results if mine]
+    assert len(results) == writers and len(winners) == 1
+    assert {rec for rec, _ in results} == set(winners)
+    assert store.get_result("batch_race", 7) == winners[0]
+
+
+def test_settle_results_fills_the_missing_lines_in_order(store: Store) -> None:
+    lines = [f'{{"custom_id":"{i}"}}'.encode() for i in range(300)]
+    file_id = indexed_batch(store, "batch_set", lines)
+    for n in range(0, 300, 3):
+        store.commit_result("batch_set", n, b"ran-%d" % n)
+    settled = list(store.settle_results("batch_set", file_id, lambda n, raw: b"filled-" + raw))
+    assert [(n, raw) for n, raw, _ in settled] == list(enumerate(lines))
+    assert [rec for _, _, rec in settled] == [
+        b"ran-%d" % n if n % 3 == 0 else b"filled-" + lines[n] for n in range(300)
+    ]
+    # The fills are committed: a late writer of such a line loses to them.
+    assert store.commit_result("batch_set", 1, b"late") == (b"filled-" + lines[1], False)
+
+
+# ---- batches: the end ----------------------------------------------------------------------------
+
+
+def test_the_finalized_record(store: Store) -> None:
+    assert store.read_finalized("batch_f") is None
+    store.write_finalized("batch_f", b'{"total": 2}')
+    assert store.read_finalized("batch_f") == b'{"total": 2}'
+    # Finalizing reads first and writes only when there is none; a racing second run writes
+    # the same counts, so a store may keep either record, whole.
+    store.write_finalized("batch_f", b'{"total": 2, "run": 2}')
+    assert store.read_finalized("batch_f") in (b'{"total": 2}', b'{"total": 2, "run": 2}')
+    with pytest.raises(KeyError):
+        store.write_finalized("../x", b"{}")
+
+
+def test_drop_batch_work_keeps_only_the_finalized_record(store: Store) -> None:
+    file_id = upload(store, b'{"a":1}\n')
+    store.snapshot_input("batch_z", file_id)
+    index(store, "batch_z", b'{"a":1}\n')
+    store.commit_result("batch_z", 0, b"{}")
+    store.write_finalized("batch_z", b'{"total": 1}')
+    store.drop_batch_work("batch_z")
+    store.drop_batch_work("batch_z")
+    assert store.keys("batches/batch_z/") == ["batches/batch_z/finalized.json"]
+    assert store.read_finalized("batch_z") == b'{"total": 1}'
+    assert store.read_file(file_id) == b'{"a":1}\n'  # the upload is the user's
+    store.drop_batch_work("batch_never")  # nothing stored: harmless
+
+
+def test_a_dropped_batch_reads_no_lines_even_through_what_the_store_keeps(store: Store) -> None:
+    """Local: kept read handles; S3: cached index blocks. Neither outlives the drop."""
+    file_id = indexed_batch(store, "batch_d", [b'{"custom_id":"a"}'])
+    assert store.read_line("batch_d", file_id, store.line_number("batch_d", 0, 0))
+    store.drop_batch_work("batch_d")
+    with pytest.raises(FileNotFoundError):
+        store.line_number("batch_d", 0, 0)
+    with pytest.raises(FileNotFoundError):
+        store.read_line("batch_d", file_id, 0)
+    with pytest.raises(FileNotFoundError):
+        store.index_total("batch_d")

@@ -1,0 +1,68 @@
+"""Every `workflow.patched` id of the workflows, with its history: what changed, and which runs
+still take the old branch.
+
+A workflow change that would record different commands for a running batch is guarded by a
+patch: a run that started before it replays the old branch, a new run records the patch's marker
+and takes the new one. Batches live up to 168 hours, so each old branch stays until no run older
+than its patch can exist; how and when a patch is retired is docs/decisions/0019. The saved
+histories in tests/workflows/histories (named below per patch) replay both branches.
+
+Each id is asked where the two branches differ and nowhere else: asking records a marker, and a
+marker where the old code recorded none would break the replay of runs that started before it.
+The route scheduler has no patch.
+"""
+
+from __future__ import annotations
+
+# ---- BatchWorkflow ----
+CANCEL_REQUEST_KEEPS_RESULTS = "cancel-request-keeps-results"
+"""A Temporal cancellation request (the UI's Cancel, `temporal workflow cancel`) that lands while
+the main task awaits an activity or a condition cancels the batch like the `cancel` signal: the
+activity runs to its end, running lines finish, the batch ends `cancelled` with its files; a line
+activity cancelled with the workflow is neither counted nor requeued (workflows/cancellation.py,
+docs/decisions/0008). Old branch: the request cancelled the awaited activity and the run closed
+as cancelled, without files. Histories: `batch_cancel_requested_unpatched_*` (old),
+`batch_cancel_requested_*` (new). Commit a9158cd."""
+
+ROUTE_WIDE_BACKOFF = "route-wide-backoff"
+"""A rate-limited line (429, 503, refused) also signals the route's scheduler (`rate_limited`),
+so every batch on the route backs off, not only this one. Old branch: no signal; only the
+batch's own lane backed off. Added after batches were running. Commit b335a6f."""
+
+LANE_HONOURS_RETRY_AFTER = "lane-honours-retry-after"
+"""A Retry-After also holds the batch's own lane that long. Old branch: the lane waited 1 s
+doubling and only the scheduler's route-wide back-off honoured Retry-After, so a next line could
+start before the scheduler's signal arrived. Commit 60a188e."""
+
+ALARMS_ON_TIME = "alarms-on-time"
+"""The batch's alarm never rings for a deadline already passed. Old branch: (1) a keep-alive's
+deadline was compared in whole seconds, so for up to a second after it the alarm, already past,
+rang again on a one-millisecond timer: hundreds of timers per hourly keep-alive while a batch
+waited for a slot (a 36-hour wait for a time window grew a 3-line batch to 21,614 events); (2) a
+paused, ending or draining batch kept a passed back-off as its next deadline and rang for it
+every millisecond until it resumed or ended; (3) a deadline passed during the loop's own awaits
+cost a one-millisecond timer. New: keep-alives compare exact times, back-offs count only while
+lines may start, and a passed deadline rings in the same activation. Asked only where the two
+rules answer differently (`BatchWorkflow._set_alarm`, `scheduler_link.reached`). History:
+`batch_paused_in_backoff.v1`. Commit 3c24112."""
+
+STATUS_MEMO = "status-memo"
+"""Each status change also upserts the batch's compact status into its memo
+(`backfill.lifecycle.STATUS_MEMO`), so the api answers a retrieve without a worker. A new
+command: runs from before it replay without it. Commit b324be0."""
+
+CONTINUE_AS_NEW_BY_HISTORY = "continue-as-new-by-history"
+"""A run continues as new when Temporal suggests it or its history reaches `run_length`'s
+bounds, so a batch has as few runs as the server's thresholds allow. Old branch: a run also
+drained after `LINES_PER_RUN` lines. Histories: `lines_per_run_20/` (old, recorded with
+`LINES_PER_RUN` lowered to 20), `batch_paused_in_backoff.v1` (new). Commit 4342cd4."""
+
+LINES_PER_RUN = 2_000
+"""The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
+this many lines finished in one run. Kept only so they replay."""
+
+# ---- Alarm (workflows/alarm.py) ----
+ALARM_KEEPS_DUE_TIMERS = "alarm-keeps-due-timers"
+"""A timer due within `alarm.DUE_SOON_S` is left to fire (and ignored) instead of cancelled: the
+time-skipping test server strands a run whose task cancels a timer that fired meanwhile
+(temporalio/sdk-java#3088). Old branch: the timer was cancelled. Commit a895365."""
