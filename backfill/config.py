@@ -116,11 +116,15 @@ class WorkspaceLimits(_Strict):
     """Limits of one workspace (`[workspaces.<name>]`; `[workspaces.default]` applies to every
     workspace without its own table). Exceeding one answers 429; nothing accepted changes."""
 
-    max_active_batches: int | None = Field(default=None, ge=1)
-    """Batches queued or running at once (None: no limit)."""
-    max_stored_bytes: int | None = Field(default=None, ge=1)
-    """Bytes of files the workspace may keep stored (uploads and batch outputs; None: no limit).
-    Only uploads are refused; a batch's output is always written."""
+    max_active_batches: int | None = Field(default=100, ge=1)
+    """Batches queued or running at once, counted exactly (one admission workflow per
+    workspace; None: no limit)."""
+    max_queued_lines: int | None = Field(default=1_000_000, ge=1)
+    """Input lines of the workspace's batches queued or running, together (None: no limit)."""
+    max_stored_bytes: int | None = Field(default=50 * 1024**3, ge=1)
+    """Bytes of files the workspace may keep stored: uploads, batch outputs, and the pinned
+    inputs of its running batches whose upload was deleted (None: no limit). Only uploads are
+    refused; a batch's output is always written."""
     share_weight: int = Field(default=1, ge=1, le=1000)
     """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
 
