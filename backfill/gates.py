@@ -13,15 +13,13 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-REASON_WINDOW = "Outside its time window"
-REASON_LIVE = "Yielding to live traffic"
-REASON_BUSY = "Server busy"
-REASON_METRICS = "Server metrics unavailable"
-REASON_AT_LIMIT = "At its batch limit"
-REASON_OTHERS_TURN = "Other batches' turn"
-REASON_WORKERS_BUSY = "Gateway batch workers busy"
-REASON_BACKOFF = "Rate limited · backing off"
-QUEUED_SUMMARY = "Queued — waiting for capacity"
+from backfill.reasons import WaitReason
+
+REASON_WINDOW = WaitReason.WINDOW
+REASON_LIVE = WaitReason.LIVE
+REASON_BUSY = WaitReason.BUSY
+REASON_METRICS = WaitReason.METRICS
+REASON_BACKOFF = WaitReason.BACKOFF
 
 LIVE_REPORT_TTL = 30.0
 """Seconds after which an api process's non-zero live count, not renewed, is forgotten (it died)."""

@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from backfill.reasons import WaitReason
+
 __all__ = [
     "SERVER_BUSY",
     "SERVER_METRICS_UNAVAILABLE",
@@ -23,8 +25,8 @@ __all__ = [
     "load_gate",
 ]
 
-SERVER_BUSY = "Server busy"
-SERVER_METRICS_UNAVAILABLE = "Server metrics unavailable"
+SERVER_BUSY = WaitReason.BUSY
+SERVER_METRICS_UNAVAILABLE = WaitReason.METRICS
 MAX_COUNT_LIMIT = 100_000
 
 GateState = Literal["open", "busy", "unavailable"]

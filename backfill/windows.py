@@ -34,6 +34,8 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from backfill.reasons import WaitReason
+
 __all__ = [
     "DAYS",
     "OUTSIDE_WINDOW",
@@ -50,7 +52,7 @@ Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 """Day names in `date.weekday()` order."""
 
-OUTSIDE_WINDOW = "Outside its time window"
+OUTSIDE_WINDOW = WaitReason.WINDOW
 """The reason a route shows while its window is closed."""
 
 SCAN_DAYS = 400

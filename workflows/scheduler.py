@@ -21,8 +21,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.server_load import ServerLoadActivities
     from backfill import refs
     from backfill.gates import (
-        REASON_AT_LIMIT,
-        REASON_OTHERS_TURN,
         Gate,
         LiveCount,
         back_off,
@@ -46,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         SchedulerStatus,
         WatchLoadInput,
     )
+    from backfill.reasons import WaitReason
     from backfill.windows import window_state
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
@@ -385,7 +384,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         if b.wanted > b.allotment:
             # A closed gate, else the route's limit itself or slots other batches hold.
             others = held - b.held
-            reason = gate.reason or (REASON_OTHERS_TURN if others > 0 else REASON_AT_LIMIT)
+            reason = gate.reason or (WaitReason.OTHERS_TURN if others > 0 else WaitReason.AT_LIMIT)
         entries.append(
             BatchStatusEntry(
                 batch_id=b.batch_id,
@@ -407,7 +406,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         queued_lines=queued,
         batches=entries,
         state="open" if gate.open else "paused",
-        reason=gate.reason or (REASON_AT_LIMIT if queued else None),
+        reason=gate.reason or (WaitReason.AT_LIMIT if queued else None),
         reason_detail=gate.detail,
         live_in_flight=live_in_flight(s.live, now),
         backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
