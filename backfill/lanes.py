@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from backfill.gates import backoff_delay
+from backfill.gates.backoff import backoff_delay
 from backfill.ids import scheduler_workflow_id
 
 

@@ -20,14 +20,11 @@ with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.server_load import ServerLoadActivities
     from backfill import refs
-    from backfill.gates import (
-        Gate,
-        LiveCount,
-        back_off,
-        forget_stale,
-        live_in_flight,
-        route_gate,
-    )
+    from backfill.gates import Gate, GateContext, route_gate
+    from backfill.gates import live as live_gate
+    from backfill.gates import server_load as load_gate
+    from backfill.gates.backoff import back_off
+    from backfill.gates.live import LiveCount, forget_stale, live_in_flight
     from backfill.messages import (
         Ack,
         Allotment,
@@ -45,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
         WatchLoadInput,
     )
     from backfill.reasons import WaitReason
-    from backfill.windows import window_state
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
 
@@ -99,7 +95,7 @@ class RouteSchedulerWorkflow:
     def _manage_watcher(self) -> None:
         """Run the watcher (a long-running activity that reads the server's metrics and signals
         only when its verdict changes) while the signal is on and some batch wants lines."""
-        load = self._state.settings.server_load
+        load = load_gate.ENTRY.setting(self._state.settings)
         wanted = (
             WatchLoadInput(route_id=self._state.route_id, settings=load)
             if load is not None and self._has_demand
@@ -208,7 +204,7 @@ class RouteSchedulerWorkflow:
     @workflow.query
     def live_gate(self) -> LiveGateView:
         s = self._state
-        yielding = s.settings.yield_to_live_traffic
+        yielding = live_gate.ENTRY.setting(s.settings)
         now = workflow.now().timestamp()
         return LiveGateView(
             threshold=yielding.pause_at_in_flight if yielding else None,
@@ -217,7 +213,7 @@ class RouteSchedulerWorkflow:
 
     @workflow.update
     def set_settings(self, settings: RouteSettings) -> RouteSettings:
-        if settings.server_load != self._state.settings.server_load:
+        if load_gate.ENTRY.setting(settings) != load_gate.ENTRY.setting(self._state.settings):
             self._state.load = None  # a new signal: closed until its first verdict
         self._state.settings = settings
         self._state.replan = True
@@ -244,27 +240,15 @@ class RouteSchedulerWorkflow:
     # ---- decisions ----
     def _gate(self, now: datetime | None = None) -> Gate:
         s = self._state
-        now = now or workflow.now()
-        yielding = s.settings.yield_to_live_traffic
-        window_open, window_changes_at = True, None
-        if s.settings.time_window is not None:
-            ws = window_state(s.settings.time_window, now)
-            window_open = ws.open
-            window_changes_at = ws.next_change.timestamp() if ws.next_change else None
-        load_state, load_error = None, None
-        if s.settings.server_load is not None:
-            load_state = s.load.state if s.load else "unavailable"
-            load_error = s.load.detail if s.load else "no reading yet"
-        return route_gate(
-            now=now.timestamp(),
-            window_open=window_open,
-            window_changes_at=window_changes_at,
+        context = GateContext(
+            now=now or workflow.now(),
             backoff=s.backoff,
-            live_threshold=yielding.pause_at_in_flight if yielding else None,
             live=s.live,
-            load_state=load_state,
-            load_error=load_error,
+            load=s.load,
+            batch_lines=sum(b.held for b in s.batches.values()),
+            cap=s.settings.max_concurrent_lines,
         )
+        return route_gate(s.settings, context)
 
     def _allocate(self, gate: Gate) -> None:
         s = self._state
