@@ -159,6 +159,7 @@ class SchedulerStatus(BaseModel):
     route_id: str
     settings: RouteSettings
     limit: int
+    """Batch lines the route allows now: "Batch lines at once", or a gate's lower limit."""
     allotted: int
     """Sum of allotments: lines batches may run now."""
     held: int

@@ -59,6 +59,9 @@ class RouteSchedulerWorkflow:
         self._gate_alarm = Alarm(self._on_gate_alarm)
         self._watcher: asyncio.Future[None] | None = None
         self._watching: WatchLoadInput | None = None
+        self._limit: int | None = None
+        """The gates' limit at the last decision (None: none, as on every route whose gates
+        give no number): a change replans the fair shares."""
 
     @workflow.run
     async def run(self, input: SchedulerInput) -> None:
@@ -261,8 +264,11 @@ class RouteSchedulerWorkflow:
             )
             s.gate_reason = gate.reason
             s.replan = True
+        if gate.limit != self._limit:
+            self._limit = gate.limit
+            s.replan = True
         # A closed gate: every allotment drops to zero; running lines finish.
-        cap = s.settings.max_concurrent_lines if gate.open else 0
+        cap = effective_cap(s.settings.max_concurrent_lines, gate)
         claims = [
             Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served, b.weight)
             for b in s.batches.values()
@@ -353,9 +359,19 @@ async def _gather(coros: list[Awaitable[None]]) -> list[BaseException | None]:
     return [r if isinstance(r, BaseException) else None for r in results]
 
 
+def effective_cap(lines_at_once: int, gate: Gate) -> int:
+    """Batch lines the route allows now: none while a gate is closed, else "Batch lines at
+    once" or the gates' limit (e.g. seats kept free), whichever is lower."""
+    if not gate.open:
+        return 0
+    return lines_at_once if gate.limit is None else min(lines_at_once, gate.limit)
+
+
 def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStatus:
     """The status query's answer, derived from state and the gate (pure)."""
     cap = s.settings.max_concurrent_lines
+    if gate.open and gate.limit is not None:
+        cap = min(cap, gate.limit)  # what the route allows now
     held = sum(b.held for b in s.batches.values())
     waiting = sorted(
         (b for b in s.batches.values() if b.wanted > b.allotment),
