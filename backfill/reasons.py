@@ -25,6 +25,7 @@ class WaitReason(StrEnum):
     OTHERS_TURN = "Other batches' turn"
     WORKERS_BUSY = "Gateway batch workers busy"
     BACKOFF = "Rate limited · backing off"
+    SEATS = "Keeping seats free for live traffic"
 
     @property
     def legitimate(self) -> bool:
