@@ -29,6 +29,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
+
 Role = Literal["member", "platform_admin", "auditor"]
 Provider = Literal["vllm", "openai"]
 WorkerRole = Literal["all", "workflows", "activities"]
@@ -54,7 +56,7 @@ class RouteConfig(_Strict):
     the file, in workflow histories or in logs)."""
     weight: int = Field(default=1, ge=1, le=1000)
     """Share of the model's lines routed here (weighted, deterministic per line)."""
-    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
+    max_concurrent_lines: LinesAtOnce = DEFAULT_LINES_AT_ONCE
     """Initial "Batch lines at once" for the route's scheduler; after first start the durable
     value lives in the scheduler workflow and is changed through its update."""
 
