@@ -11,10 +11,10 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from backfill import refs
+from backfill.gates.server_load import judge
 from backfill.ids import scheduler_workflow_id
-from backfill.load_gate import load_gate
 from backfill.load_reader import ServerLoadReader, export_reading
-from backfill.messages import LoadVerdict, WatchLoadInput
+from backfill.messages import WatchLoadInput
 
 WATCH_EVERY = 5.0
 """Seconds between readings while a route's scheduler watches (a reading is reused 5 s)."""
@@ -40,13 +40,10 @@ class ServerLoadActivities:
         while True:
             reading = await self.reader.read(input.settings.metrics_url)
             export_reading(input.route_id, reading)
-            decision = load_gate(input.settings, reading)
-            if decision.state != last:  # not on every new figure: only what flips the gate
-                await handle.signal(
-                    refs.RouteSchedulerWorkflow.server_load,
-                    LoadVerdict(state=decision.state, detail=decision.detail, reading=reading),
-                )
-                last = decision.state
+            verdict = judge(input.settings, reading)
+            if verdict.state != last:  # not on every new figure: only what flips the gate
+                await handle.signal(refs.RouteSchedulerWorkflow.server_load, verdict)
+                last = verdict.state
             activity.heartbeat()
             # A worker shutting down waits for its running activities: this one never ends by
             # itself, so it fails (retryable) and the scheduler's retry runs it on another worker.

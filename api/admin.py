@@ -21,12 +21,12 @@ from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
     ScheduledBatch,
-    SchedulingSettings,
     SchedulingStatus,
     error_responses,
 )
 from backfill import refs
 from backfill.config import Settings
+from backfill.gates import server_load as load_gate
 from backfill.ids import scheduler_workflow_id
 from backfill.load_metrics import approve_metrics_url, configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -61,11 +61,11 @@ def _admin_writer(identity: IdentityDep) -> None:
 async def _document(
     client: Client, route_id: str, status: SchedulerStatus, reader: ServerLoadReader
 ) -> BatchScheduling:
-    load = status.settings.server_load
+    load = load_gate.ENTRY.setting(status.settings)
     reading = await reader.read(load.metrics_url) if load is not None else None
     return BatchScheduling(
         route=route_id,
-        settings=SchedulingSettings.model_validate(status.settings.model_dump()),
+        settings=status.settings,
         status=SchedulingStatus(
             queued_lines=status.queued_lines,
             running_lines=await _running_lines(client, route_id, status),
@@ -176,9 +176,10 @@ async def put_batch_scheduling(
 ) -> BatchScheduling:
     _route_or_404(settings, route_id)
     route = settings.route(route_id)
-    if new.server_load is not None:
+    load = load_gate.ENTRY.setting(new)
+    if load is not None:
         try:
-            approve_metrics_url(new.server_load.metrics_url, configured_bases(settings))
+            approve_metrics_url(load.metrics_url, configured_bases(settings))
         except ValueError as err:
             raise InvalidRequest(str(err), param="server_load.metrics_url") from None
     if new.priority_hint is not None and route is not None and route.provider != "vllm":

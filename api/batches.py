@@ -20,12 +20,13 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from api import audit
+from api import admission, audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
-from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
+from api.errors import Conflict, InvalidRequest, NotFound
 from api.history_view import QUICK_QUERY, started_input
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
+from backfill.admission import ReserveRequest
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.config import Settings
 from backfill.ids import new_batch_id
@@ -35,28 +36,19 @@ from backfill.messages import BatchInput, PauseRequest
 from backfill.progress import add_route_reasons
 from backfill.refs import BatchWorkflow
 from backfill.store import FileObject as StoredFile
-from backfill.store import Store
+from backfill.store import Store, chunks
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)
 
 
-async def _check_active_limit(client: Client, settings: Settings, workspace: str) -> None:
-    """429 when the workspace already has its limit of batches queued or running."""
-    limit = settings.workspace_limits(workspace).max_active_batches
-    if limit is None:
-        return
-    query = (
-        f"WorkflowType = 'BatchWorkflow' AND ExecutionStatus = 'Running' "
-        f"AND {sa.WORKSPACE.name} = '{quote(workspace)}'"
-    )
-    active = (await client.count_workflows(query)).count
-    if active >= limit:
-        raise TooManyRequests(
-            f"Workspace {workspace!r} already has {active} batches queued or running, its limit "
-            f"is {limit}; wait for one to end before creating another.",
-            code="batch_limit_exceeded",
-        )
+def _count_lines(store: Store, file_id: str) -> int:
+    """Lines of an uploaded file (a last line without its newline counts), read in chunks."""
+    lines, last = 0, b"\n"
+    for chunk in chunks(store.open_file(file_id)):
+        lines += chunk.count(b"\n")
+        last = chunk[-1:]
+    return lines + (last != b"\n")
 
 
 @router.post("", response_model=Batch, responses=error_responses(403, 404, 429))
@@ -94,8 +86,24 @@ async def start_batch(
     now_ms = int(time.time() * 1000)
     now = now_ms // 1000
     batch_id = new_batch_id(now_ms)
-    await _check_active_limit(client, settings, identity.workspace)
-    await asyncio.to_thread(store.snapshot_input, batch_id, file.id)
+    limits = settings.workspace_limits(identity.workspace)
+    lines = 0
+    if limits.max_queued_lines is not None:
+        lines = await asyncio.to_thread(_count_lines, store, file.id)
+    reservation = ReserveRequest(
+        batch_id=batch_id,
+        input_file_id=file.id,
+        input_bytes=file.bytes,
+        lines=lines,
+        max_active_batches=limits.max_active_batches,
+        max_queued_lines=limits.max_queued_lines,
+    )
+    await admission.reserve(client, settings, identity.workspace, reservation)
+    try:
+        await asyncio.to_thread(store.snapshot_input, batch_id, file.id)
+    except BaseException:
+        await admission.release(client, identity.workspace, batch_id)
+        raise
     allowed = sorted(identity.allowed_models) if identity.allowed_models is not None else None
     inp = BatchInput(
         batch_id=batch_id,
@@ -121,6 +129,7 @@ async def start_batch(
     except BaseException:
         # Nothing runs: the pinned copy of the input must not outlive the failed create.
         await asyncio.to_thread(store.drop_batch_work, batch_id)
+        await admission.release(client, identity.workspace, batch_id)
         raise
     return initial_batch(inp)
 

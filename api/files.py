@@ -10,8 +10,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from api import audit
-from api.deps import IdentityDep, SettingsDep, StoreDep
+from api import admission, audit
+from api.deps import ClientDep, IdentityDep, SettingsDep, StoreDep
 from api.errors import InvalidRequest, NotFound, TooManyRequests
 from api.schemas import (
     COMMON_ERRORS,
@@ -22,6 +22,7 @@ from api.schemas import (
     error_responses,
 )
 from api.upload import read_upload
+from backfill.admission import Reservation, pinned_bytes
 from backfill.config import Settings
 from backfill.store import FileObject as StoredFile
 from backfill.store import Store, chunks
@@ -45,15 +46,22 @@ async def _visible(store: StoreDep, identity: IdentityDep, file_id: str) -> Stor
     openapi_extra=UPLOAD_BODY,
 )
 async def upload_file(
-    request: Request, settings: SettingsDep, store: StoreDep, identity: IdentityDep
+    request: Request,
+    settings: SettingsDep,
+    store: StoreDep,
+    client: ClientDep,
+    identity: IdentityDep,
 ) -> FileObject:
     identity.require_write()
-    room = await asyncio.to_thread(storage_room, settings, store, identity.workspace)
+    workspace = identity.workspace
+    limit = settings.workspace_limits(workspace).max_stored_bytes
+    held = await admission.held(client, workspace) if limit is not None else []
+    room = await asyncio.to_thread(storage_room, settings, store, workspace, held)
     parsed = await read_upload(request, store, settings.limits.max_file_bytes)
     upload = parsed.upload
     try:
         if upload is not None and room is not None and upload.size > room:
-            raise _storage_limit(settings, identity.workspace)
+            raise _storage_limit(limit, workspace)
         purpose = parsed.fields.get("purpose")
         if purpose is None:
             raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose")
@@ -66,7 +74,7 @@ async def upload_file(
         expires_after = expiry_seconds(parsed.fields, "expires_after")
         obj = await asyncio.to_thread(
             upload.finish,
-            workspace=identity.workspace,
+            workspace=workspace,
             filename=parsed.filename,
             purpose=purpose,
             now=int(time.time()),
@@ -75,22 +83,37 @@ async def upload_file(
     finally:
         if upload is not None:
             await asyncio.to_thread(upload.abort)
+    if limit is not None and await asyncio.to_thread(stored_bytes, store, workspace, held) > limit:
+        # Uploads in parallel each saw room for themselves: the one that finds the total over
+        # the limit once it is stored takes itself back (docs/configuration.md, the bound).
+        await asyncio.to_thread(store.delete_file, obj.id)
+        raise _storage_limit(limit, workspace)
     return FileObject.of(obj)
 
 
-def storage_room(settings: Settings, store: Store, workspace: str) -> int | None:
-    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all."""
+def stored_bytes(store: Store, workspace: str, held: list[Reservation]) -> int:
+    """Bytes the workspace keeps stored: its files, plus the pinned inputs of its batches
+    still held by admission whose uploaded file is gone (`backfill.admission.pinned_bytes`)."""
+    files = store.list_files(workspace)
+    return sum(f.bytes for f in files) + pinned_bytes(held, {f.id for f in files})
+
+
+def storage_room(
+    settings: Settings, store: Store, workspace: str, held: list[Reservation] | None = None
+) -> int | None:
+    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all.
+    `held`: the workspace's admission reservations (`api.admission.held`), whose deleted
+    inputs still count."""
     limit = settings.workspace_limits(workspace).max_stored_bytes
     if limit is None:
         return None
-    used = sum(f.bytes for f in store.list_files(workspace))
-    if used >= limit:
-        raise _storage_limit(settings, workspace)
-    return limit - used
+    room = limit - stored_bytes(store, workspace, held or [])
+    if room <= 0:
+        raise _storage_limit(limit, workspace)
+    return room
 
 
-def _storage_limit(settings: Settings, workspace: str) -> TooManyRequests:
-    limit = settings.workspace_limits(workspace).max_stored_bytes
+def _storage_limit(limit: int | None, workspace: str) -> TooManyRequests:
     return TooManyRequests(
         f"Workspace {workspace!r} may store at most {limit} bytes of files; delete files "
         "(or let them expire) before uploading more.",

@@ -13,9 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.jobs import Job
-from backfill.load_gate import ServerLoadSettings
+from backfill.messages import RouteSettings
 from backfill.store import FileObject as StoredFile
-from backfill.windows import TimeWindow
 
 MAX_METADATA_PAIRS = 16
 
@@ -185,30 +184,6 @@ class BatchList(BaseModel):
 # ---- management API: batch scheduling ----------------------------------------------------------
 
 
-class SchedulingSettings(BaseModel):
-    """A route's batch-scheduling settings, as held by its scheduler."""
-
-    model_config = _Output
-
-    max_concurrent_lines: int
-    """"Batch lines at once": lines running on the route across every batch and process."""
-    yield_to_live_traffic: YieldSetting | None = None
-    """"Yield to live traffic" (null: off)."""
-    server_load: ServerLoadSettings | None = None
-    """"Server load signal" (null: off)."""
-    time_window: TimeWindow | None = None
-    """"Time window" (null: any time)."""
-    priority_hint: int | None = None
-    """vLLM `priority` on batch lines (null: off)."""
-
-
-class YieldSetting(BaseModel):
-    model_config = _Output
-
-    pause_at_in_flight: int
-    """No new batch line while this many live requests are in flight on the route."""
-
-
 class ScheduledBatch(BaseModel):
     """One batch as the route's scheduler sees it."""
 
@@ -261,7 +236,8 @@ class BatchScheduling(BaseModel):
     model_config = _Output
 
     route: str
-    settings: SchedulingSettings
+    settings: RouteSettings
+    """The settings document, as `PUT` takes it (the scheduler's own model)."""
     status: SchedulingStatus
 
 
@@ -311,7 +287,6 @@ __all__ = [
     "Job",
     "JobList",
     "ScheduledBatch",
-    "SchedulingSettings",
     "SchedulingStatus",
     "error_responses",
 ]

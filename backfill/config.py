@@ -29,6 +29,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
+
 Role = Literal["member", "platform_admin", "auditor"]
 Provider = Literal["vllm", "openai"]
 WorkerRole = Literal["all", "workflows", "activities"]
@@ -54,7 +56,7 @@ class RouteConfig(_Strict):
     the file, in workflow histories or in logs)."""
     weight: int = Field(default=1, ge=1, le=1000)
     """Share of the model's lines routed here (weighted, deterministic per line)."""
-    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
+    max_concurrent_lines: LinesAtOnce = DEFAULT_LINES_AT_ONCE
     """Initial "Batch lines at once" for the route's scheduler; after first start the durable
     value lives in the scheduler workflow and is changed through its update."""
 
@@ -116,11 +118,15 @@ class WorkspaceLimits(_Strict):
     """Limits of one workspace (`[workspaces.<name>]`; `[workspaces.default]` applies to every
     workspace without its own table). Exceeding one answers 429; nothing accepted changes."""
 
-    max_active_batches: int | None = Field(default=None, ge=1)
-    """Batches queued or running at once (None: no limit)."""
-    max_stored_bytes: int | None = Field(default=None, ge=1)
-    """Bytes of files the workspace may keep stored (uploads and batch outputs; None: no limit).
-    Only uploads are refused; a batch's output is always written."""
+    max_active_batches: int | None = Field(default=100, ge=1)
+    """Batches queued or running at once, counted exactly (one admission workflow per
+    workspace; None: no limit)."""
+    max_queued_lines: int | None = Field(default=1_000_000, ge=1)
+    """Input lines of the workspace's batches queued or running, together (None: no limit)."""
+    max_stored_bytes: int | None = Field(default=50 * 1024**3, ge=1)
+    """Bytes of files the workspace may keep stored: uploads, batch outputs, and the pinned
+    inputs of its running batches whose upload was deleted (None: no limit). Only uploads are
+    refused; a batch's output is always written."""
     share_weight: int = Field(default=1, ge=1, le=1000)
     """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
 

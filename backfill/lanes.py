@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from backfill.gates import backoff_delay
+from backfill.gates.backoff import backoff_delay
 from backfill.ids import scheduler_workflow_id
 
 if TYPE_CHECKING:

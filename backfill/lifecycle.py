@@ -17,6 +17,7 @@ from backfill.batches import (
 )
 from backfill.lanes import Lane
 from backfill.messages import BatchInput, EndReason, LineOutcome
+from backfill.reasons import QUEUED_SUMMARY
 
 
 def initial_batch(input: BatchInput) -> Batch:
@@ -119,7 +120,7 @@ def show_progress(batch: Batch, lanes: list[Lane], *, ending: bool) -> None:
     if ext.paused:
         ext.summary = "Paused"
     elif held_back and running == 0 and not ending:
-        ext.summary = "Queued — waiting for capacity"
+        ext.summary = QUEUED_SUMMARY
     else:
         ext.summary = None
 

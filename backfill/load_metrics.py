@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from backfill.config import Settings
-from backfill.load_gate import LoadReading
+from backfill.gates.server_load import LoadReading
 
 __all__ = [
     "approve_metrics_url",

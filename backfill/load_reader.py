@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpcore
 
 from backfill import metrics
-from backfill.load_gate import LoadReading
+from backfill.gates.server_load import LoadReading
 from backfill.load_metrics import approve_metrics_url, parse_load
 
 __all__ = ["Resolver", "ServerLoadReader", "export_reading", "resolve_host"]

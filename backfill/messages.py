@@ -6,15 +6,17 @@ without breaking running workflows.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from backfill.batches import Batch, BatchError, TokenCounts
-from backfill.gates import Backoff, LiveCount
+from backfill.gates.backoff import Backoff
+from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
+from backfill.gates.live import LiveCount
+from backfill.gates.registry import settings_fields
+from backfill.gates.server_load import LoadVerdict, ServerLoadSettings
 from backfill.lanes import Lane
-from backfill.load_gate import LoadReading, ServerLoadSettings
-from backfill.windows import TimeWindow
 
 EndReason = Literal["completed", "expired", "cancelled"]
 
@@ -56,40 +58,41 @@ class BatchInput(BaseModel):
     """Carried across continue-as-new; None on the first run."""
 
 
-class YieldToLiveTraffic(BaseModel):
-    """ "Yield to live traffic": no new batch line while this many live requests are in flight
-    on the route, summed over every api process."""
+_RouteSettingsFields = create_model(
+    "RouteSettings",
+    __config__=ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True),
+    max_concurrent_lines=(
+        LinesAtOnce,
+        Field(
+            default=DEFAULT_LINES_AT_ONCE,
+            description='"Batch lines at once": batch lines running on the route across every '
+            "batch and process.",
+        ),
+    ),
+    **settings_fields(),
+    priority_hint=(
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=1_000_000,
+            description="vLLM's `priority` sent in the body of batch lines (never live "
+            "requests); lower runs first under vLLM's priority scheduling policy, so a large "
+            "value puts batch lines behind live ones. `vllm` routes only (null: off).",
+        ),
+    ),
+)
 
-    model_config = {"extra": "forbid"}
 
-    pause_at_in_flight: int = Field(ge=1, le=100_000)
+class RouteSettings(_RouteSettingsFields):  # type: ignore[misc,valid-type]
+    """A route's batch-scheduling settings: the management API's settings document, held
+    durably in the scheduler's state. `max_concurrent_lines`, then one field per gate an
+    operator sets (`backfill.gates.registry`: null when off), then `priority_hint`."""
 
-
-class RouteSettings(BaseModel):
-    """The route's batch-scheduling settings, held durably in the scheduler's state. Each gate
-    other than the cap is None when off."""
-
-    model_config = {"extra": "forbid"}
-
-    max_concurrent_lines: int = Field(default=2, ge=1, le=256)
-    """"Batch lines at once": batch lines running on the route across every batch and process."""
-    yield_to_live_traffic: YieldToLiveTraffic | None = None
-    server_load: ServerLoadSettings | None = None
-    """"Server load signal": lines start only while the server's own metrics are under every
-    limit set (fails closed)."""
-    time_window: TimeWindow | None = None
-    """"Time window": lines start only inside it (None: any time)."""
-    priority_hint: int | None = Field(default=None, ge=1, le=1_000_000)
-    """vLLM's `priority` sent in the body of batch lines (never live requests); lower runs first
-    under vLLM's priority scheduling policy, so a large value puts batch lines behind live ones.
-    `vllm` routes only."""
-
-    @field_validator("max_concurrent_lines")
-    @classmethod
-    def _range(cls, v: int) -> int:
-        if not 1 <= v <= 256:
-            raise ValueError("max_concurrent_lines must be between 1 and 256")
-        return v
+    if TYPE_CHECKING:  # mypy cannot see through create_model; a gate's field is read through
+        # its entry, typed (`GateEntry.setting`)
+        max_concurrent_lines: int
+        priority_hint: int | None
 
 
 class BatchSlot(BaseModel):
@@ -116,7 +119,9 @@ class BatchSlot(BaseModel):
 
 
 class SchedulerInput(BaseModel):
-    """RouteSchedulerWorkflow's input and state (carried across continue-as-new)."""
+    """RouteSchedulerWorkflow's input, and also its whole mutable state: the workflow changes
+    it in place and continues-as-new with it, so a new run starts from where the last one was.
+    Starting a scheduler sets only `route_id` and `settings`; every other field is state."""
 
     route_id: str
     settings: RouteSettings = Field(default_factory=RouteSettings)
@@ -154,6 +159,7 @@ class SchedulerStatus(BaseModel):
     route_id: str
     settings: RouteSettings
     limit: int
+    """Batch lines the route allows now: "Batch lines at once", or a gate's lower limit."""
     allotted: int
     """Sum of allotments: lines batches may run now."""
     held: int
@@ -186,14 +192,6 @@ class LiveGateView(BaseModel):
     """"Yield to live traffic" (None: off)."""
     counts: dict[str, int] = Field(default_factory=dict)
     """Each process's count as the scheduler holds it (stale ones left out)."""
-
-
-class LoadVerdict(BaseModel):
-    """The server-load watcher's verdict, signalled when it changes (`server_load` signal)."""
-
-    state: Literal["open", "busy", "unavailable"]
-    detail: str | None = None
-    reading: LoadReading | None = None
 
 
 class WatchLoadInput(BaseModel):

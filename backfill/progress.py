@@ -11,11 +11,10 @@ from temporalio.client import Client, WorkflowExecutionDescription
 
 from backfill.batches import Batch, RouteProgress
 from backfill.ids import scheduler_workflow_id
+from backfill.reasons import QUEUED_SUMMARY, WaitReason
 from backfill.refs import RouteSchedulerWorkflow
 
 log = logging.getLogger(__name__)
-
-WORKERS_BUSY = "Gateway batch workers busy"
 
 
 async def add_route_reasons(
@@ -38,8 +37,8 @@ async def add_route_reasons(
 async def _one(client: Client, batch: Batch, p: RouteProgress, scheduled_only: bool) -> None:
     if p.allotment > 0 and p.running_lines > 0 and scheduled_only:
         # Lines allotted and scheduled, but no worker has a free activity slot to start them.
-        p.reason = WORKERS_BUSY
-        batch.backfill.summary = "Queued — waiting for capacity"
+        p.reason = WaitReason.WORKERS_BUSY
+        batch.backfill.summary = QUEUED_SUMMARY
         return
     try:
         handle = client.get_workflow_handle_for(

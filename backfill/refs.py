@@ -18,6 +18,13 @@ from typing import Any
 
 from temporalio import workflow
 
+from backfill.admission import (
+    AdmissionInput,
+    AdmissionView,
+    ReleaseRequest,
+    ReserveRequest,
+    ReserveResult,
+)
 from backfill.batches import Batch
 from backfill.messages import (
     Ack,
@@ -113,3 +120,25 @@ class RouteSchedulerWorkflow:
 def signal_name(signal: Callable[..., Any]) -> str:
     """The name of a signal given by method reference (for `start_signal`, which takes a name)."""
     return workflow._SignalDefinition.must_name_from_fn_or_str(signal)
+
+
+@workflow.defn(name="AdmissionWorkflow")
+class AdmissionWorkflow:
+    """workflows.admission.AdmissionWorkflow: one per workspace (id from
+    `backfill.admission.admission_workflow_id`)."""
+
+    @workflow.run
+    async def run(self, input: AdmissionInput) -> None:
+        raise NotImplementedError
+
+    @workflow.update
+    def reserve(self, req: ReserveRequest) -> ReserveResult:
+        raise NotImplementedError
+
+    @workflow.signal
+    def release(self, req: ReleaseRequest) -> None:
+        raise NotImplementedError
+
+    @workflow.query
+    def holdings(self) -> AdmissionView:
+        raise NotImplementedError

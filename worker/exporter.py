@@ -28,28 +28,17 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill import gates, metrics
+from backfill import metrics
 from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import SchedulerStatus
 from backfill.progress import add_route_reasons
+from backfill.reasons import WaitReason
 from backfill.refs import BatchWorkflow, RouteSchedulerWorkflow
 from worker.stall import StallClock, advance
 
 log = logging.getLogger(__name__)
-
-KNOWN_REASONS = (
-    gates.REASON_WINDOW,
-    gates.REASON_LIVE,
-    gates.REASON_BUSY,
-    gates.REASON_METRICS,
-    gates.REASON_AT_LIMIT,
-    gates.REASON_OTHERS_TURN,
-    gates.REASON_WORKERS_BUSY,
-    gates.REASON_BACKOFF,
-)
-"""Reasons whose `gateway_batch_paused_routes` series exist from the start (at 0)."""
 
 
 def route_reason(status: SchedulerStatus | None, batches: list[Batch]) -> str | None:
@@ -60,8 +49,8 @@ def route_reason(status: SchedulerStatus | None, batches: list[Batch]) -> str | 
         return status.reason
     for batch in batches:
         for p in batch.backfill.routes:
-            if p.route == status.route_id and p.reason == gates.REASON_WORKERS_BUSY:
-                return gates.REASON_WORKERS_BUSY
+            if p.route == status.route_id and p.reason == WaitReason.WORKERS_BUSY:
+                return WaitReason.WORKERS_BUSY
     return status.reason if status.queued_lines > 0 else None
 
 
@@ -76,7 +65,7 @@ class Exporter:
     """Route id -> its reason at the last sample."""
 
     def __post_init__(self) -> None:
-        for reason in KNOWN_REASONS:
+        for reason in WaitReason:  # every reason's series exists from the start (at 0)
             metrics.PAUSED_ROUTES.labels(reason)
             metrics.ROUTE_PAUSES.labels(reason)
 
@@ -134,7 +123,7 @@ class Exporter:
     def _export_routes(
         self, statuses: dict[str, SchedulerStatus | None], batches: list[Batch]
     ) -> None:
-        paused = dict.fromkeys(KNOWN_REASONS, 0)
+        paused: dict[str, int] = dict.fromkeys(WaitReason, 0)
         for route_id, status in statuses.items():
             running = sum(
                 p.running_lines for b in batches for p in b.backfill.routes if p.route == route_id

@@ -1,4 +1,5 @@
-"""The worker: runs BatchWorkflow, RouteSchedulerWorkflow and their activities."""
+"""The worker: runs BatchWorkflow, RouteSchedulerWorkflow, AdmissionWorkflow and their
+activities."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
 from worker.retention import ensure_schedule
 from worker.upstream import upstream_client
+from workflows.admission import AdmissionWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
@@ -68,7 +70,7 @@ def activities(
     ]
 
 
-WORKFLOWS = [BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow]
+WORKFLOWS = [BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow, AdmissionWorkflow]
 """Every workflow a worker runs (role `all` or `workflows`)."""
 ROLE_NAMES: dict[WorkerRole, str] = {
     "all": "workflows and activities",

@@ -1,5 +1,5 @@
 """The stall clock of a batch, pure: how long it has had lines to run and finished none,
-not counting time it waited for a legitimate reason.
+not counting time it waited for a legitimate reason (`WaitReason.legitimate`).
 
 `worker/exporter.py` samples every in-progress batch every `metrics_poll_seconds` and calls
 `advance` with the batch as its `describe` query shows it (per-route reasons filled in as
@@ -14,29 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backfill.batches import Batch
-from backfill.gates import (
-    REASON_AT_LIMIT,
-    REASON_BACKOFF,
-    REASON_BUSY,
-    REASON_LIVE,
-    REASON_OTHERS_TURN,
-    REASON_WINDOW,
-    REASON_WORKERS_BUSY,
-)
-
-LEGITIMATE_WAITS = frozenset(
-    {
-        REASON_WINDOW,
-        REASON_LIVE,
-        REASON_BUSY,
-        REASON_AT_LIMIT,
-        REASON_OTHERS_TURN,
-        REASON_WORKERS_BUSY,
-        REASON_BACKOFF,
-    }
-)
-"""Reasons a route may hold a batch's lines back without the batch being stuck. Not in it:
-`Server metrics unavailable` (nothing starts because a reading fails: an operator must look)."""
+from backfill.reasons import LEGITIMATE_WAITS, WaitReason
 
 
 @dataclass(frozen=True)
@@ -67,7 +45,8 @@ def waits_legitimately(batch: Batch) -> bool:
         return True
     open_routes = [r for r in ext.routes if r.state in ("queued", "running")]
     return bool(open_routes) and all(
-        r.reason == REASON_WORKERS_BUSY or (r.running_lines == 0 and r.reason in LEGITIMATE_WAITS)
+        r.reason == WaitReason.WORKERS_BUSY
+        or (r.running_lines == 0 and r.reason in LEGITIMATE_WAITS)
         for r in open_routes
     )
 

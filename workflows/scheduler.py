@@ -20,16 +20,11 @@ with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.server_load import ServerLoadActivities
     from backfill import refs
-    from backfill.gates import (
-        REASON_AT_LIMIT,
-        REASON_OTHERS_TURN,
-        Gate,
-        LiveCount,
-        back_off,
-        forget_stale,
-        live_in_flight,
-        route_gate,
-    )
+    from backfill.gates import Gate, GateContext, route_gate
+    from backfill.gates import live as live_gate
+    from backfill.gates import server_load as load_gate
+    from backfill.gates.backoff import back_off
+    from backfill.gates.live import LiveCount, forget_stale, live_in_flight
     from backfill.messages import (
         Ack,
         Allotment,
@@ -46,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         SchedulerStatus,
         WatchLoadInput,
     )
-    from backfill.windows import window_state
+    from backfill.reasons import WaitReason
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
 
@@ -64,6 +59,9 @@ class RouteSchedulerWorkflow:
         self._gate_alarm = Alarm(self._on_gate_alarm)
         self._watcher: asyncio.Future[None] | None = None
         self._watching: WatchLoadInput | None = None
+        self._limit: int | None = None
+        """The gates' limit at the last decision (None: none, as on every route whose gates
+        give no number): a change replans the fair shares."""
 
     @workflow.run
     async def run(self, input: SchedulerInput) -> None:
@@ -100,7 +98,7 @@ class RouteSchedulerWorkflow:
     def _manage_watcher(self) -> None:
         """Run the watcher (a long-running activity that reads the server's metrics and signals
         only when its verdict changes) while the signal is on and some batch wants lines."""
-        load = self._state.settings.server_load
+        load = load_gate.ENTRY.setting(self._state.settings)
         wanted = (
             WatchLoadInput(route_id=self._state.route_id, settings=load)
             if load is not None and self._has_demand
@@ -209,7 +207,7 @@ class RouteSchedulerWorkflow:
     @workflow.query
     def live_gate(self) -> LiveGateView:
         s = self._state
-        yielding = s.settings.yield_to_live_traffic
+        yielding = live_gate.ENTRY.setting(s.settings)
         now = workflow.now().timestamp()
         return LiveGateView(
             threshold=yielding.pause_at_in_flight if yielding else None,
@@ -218,7 +216,7 @@ class RouteSchedulerWorkflow:
 
     @workflow.update
     def set_settings(self, settings: RouteSettings) -> RouteSettings:
-        if settings.server_load != self._state.settings.server_load:
+        if load_gate.ENTRY.setting(settings) != load_gate.ENTRY.setting(self._state.settings):
             self._state.load = None  # a new signal: closed until its first verdict
         self._state.settings = settings
         self._state.replan = True
@@ -245,27 +243,15 @@ class RouteSchedulerWorkflow:
     # ---- decisions ----
     def _gate(self, now: datetime | None = None) -> Gate:
         s = self._state
-        now = now or workflow.now()
-        yielding = s.settings.yield_to_live_traffic
-        window_open, window_changes_at = True, None
-        if s.settings.time_window is not None:
-            ws = window_state(s.settings.time_window, now)
-            window_open = ws.open
-            window_changes_at = ws.next_change.timestamp() if ws.next_change else None
-        load_state, load_error = None, None
-        if s.settings.server_load is not None:
-            load_state = s.load.state if s.load else "unavailable"
-            load_error = s.load.detail if s.load else "no reading yet"
-        return route_gate(
-            now=now.timestamp(),
-            window_open=window_open,
-            window_changes_at=window_changes_at,
+        context = GateContext(
+            now=now or workflow.now(),
             backoff=s.backoff,
-            live_threshold=yielding.pause_at_in_flight if yielding else None,
             live=s.live,
-            load_state=load_state,
-            load_error=load_error,
+            load=s.load,
+            batch_lines=sum(b.held for b in s.batches.values()),
+            cap=s.settings.max_concurrent_lines,
         )
+        return route_gate(s.settings, context)
 
     def _allocate(self, gate: Gate) -> None:
         s = self._state
@@ -278,8 +264,11 @@ class RouteSchedulerWorkflow:
             )
             s.gate_reason = gate.reason
             s.replan = True
+        if gate.limit != self._limit:
+            self._limit = gate.limit
+            s.replan = True
         # A closed gate: every allotment drops to zero; running lines finish.
-        cap = s.settings.max_concurrent_lines if gate.open else 0
+        cap = effective_cap(s.settings.max_concurrent_lines, gate)
         claims = [
             Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served, b.weight)
             for b in s.batches.values()
@@ -370,9 +359,19 @@ async def _gather(coros: list[Awaitable[None]]) -> list[BaseException | None]:
     return [r if isinstance(r, BaseException) else None for r in results]
 
 
+def effective_cap(lines_at_once: int, gate: Gate) -> int:
+    """Batch lines the route allows now: none while a gate is closed, else "Batch lines at
+    once" or the gates' limit (e.g. seats kept free), whichever is lower."""
+    if not gate.open:
+        return 0
+    return lines_at_once if gate.limit is None else min(lines_at_once, gate.limit)
+
+
 def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStatus:
     """The status query's answer, derived from state and the gate (pure)."""
     cap = s.settings.max_concurrent_lines
+    if gate.open and gate.limit is not None:
+        cap = min(cap, gate.limit)  # what the route allows now
     held = sum(b.held for b in s.batches.values())
     waiting = sorted(
         (b for b in s.batches.values() if b.wanted > b.allotment),
@@ -385,7 +384,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         if b.wanted > b.allotment:
             # A closed gate, else the route's limit itself or slots other batches hold.
             others = held - b.held
-            reason = gate.reason or (REASON_OTHERS_TURN if others > 0 else REASON_AT_LIMIT)
+            reason = gate.reason or (WaitReason.OTHERS_TURN if others > 0 else WaitReason.AT_LIMIT)
         entries.append(
             BatchStatusEntry(
                 batch_id=b.batch_id,
@@ -407,7 +406,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         queued_lines=queued,
         batches=entries,
         state="open" if gate.open else "paused",
-        reason=gate.reason or (REASON_AT_LIMIT if queued else None),
+        reason=gate.reason or (WaitReason.AT_LIMIT if queued else None),
         reason_detail=gate.detail,
         live_in_flight=live_in_flight(s.live, now),
         backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,

@@ -2,7 +2,8 @@
 
 Reads are `GET /api/v1/platform/deployments/{id}/batch-scheduling`'s function (403 for members),
 saving is the PUT's (platform admins only): the form becomes the same `RouteSettings` document
-the JSON API validates, and the errors of that validation are shown next to their fields.
+the JSON API validates, and the errors of that validation are shown next to their fields. Each
+gate's fieldset and read-only row come from its registry entry (`backfill.gates.registry`).
 """
 
 from __future__ import annotations
@@ -21,56 +22,41 @@ from api.console.charts import route_chart
 from api.console.web import SessionDep, checked_form, render, router, state
 from api.deps import ClientDep, SettingsDep
 from api.errors import InvalidRequest
-from api.schemas import BatchScheduling, SchedulingSettings
+from api.schemas import BatchScheduling
+from backfill.gates import SETTINGS_GATES
 from backfill.messages import RouteSettings
-from backfill.windows import DAYS
+from backfill.reasons import LEGITIMATE_WAITS
 
-LOAD_LIMITS = ("max_waiting", "max_running", "max_kv_cache_percent")
+PLAIN_FIELDS = ("max_concurrent_lines", "priority_hint")
+"""The settings that are not gates (a number each; blank `priority_hint`: off)."""
 
 
-def form_values(s: SchedulingSettings) -> dict[str, Any]:
+def form_values(s: RouteSettings) -> dict[str, Any]:
     """The Edit form's fields (named by their path in the settings document) for `s`."""
-    load, window = s.server_load, s.time_window
     values: dict[str, Any] = {
-        "max_concurrent_lines": str(s.max_concurrent_lines),
-        "yield_to_live_traffic.pause_at_in_flight": (
-            str(s.yield_to_live_traffic.pause_at_in_flight) if s.yield_to_live_traffic else ""
-        ),
-        "server_load.metrics_url": load.metrics_url if load else "",
-        "time_window.time_zone": window.time_zone if window else "",
-        "time_window.days": list(window.days) if window else [],
-        "time_window.from": window.from_ if window else "",
-        "time_window.until": window.until if window else "",
-        "priority_hint": str(s.priority_hint) if s.priority_hint is not None else "",
+        name: "" if getattr(s, name) is None else str(getattr(s, name)) for name in PLAIN_FIELDS
     }
-    for name in LOAD_LIMITS:
-        v = getattr(load, name) if load else None
-        values[f"server_load.{name}"] = "" if v is None else str(v)
+    for gate in SETTINGS_GATES:
+        values |= gate.form_values(gate.setting(s))
     return values
 
 
 def posted_values(form: FormData) -> dict[str, Any]:
+    lists = {f"{g.name}.{f.key}" for g in SETTINGS_GATES for f in g.form if f.choices}
     values: dict[str, Any] = {
-        k: str(v).strip() for k, v in form.multi_items() if k not in ("csrf_token",)
+        k: str(v).strip() for k, v in form.multi_items() if k not in ("csrf_token", *lists)
     }
-    values["time_window.days"] = [str(d) for d in form.getlist("time_window.days")]
+    for name in lists:
+        values[name] = [str(d) for d in form.getlist(name)]
     return values
 
 
 def settings_document(v: dict[str, Any]) -> dict[str, Any]:
     """The PUT body the form stands for: a gate whose fields are all blank is off (null)."""
     doc: dict[str, Any] = {"max_concurrent_lines": v.get("max_concurrent_lines", "")}
-    live = v.get("yield_to_live_traffic.pause_at_in_flight", "")
-    doc["yield_to_live_traffic"] = {"pause_at_in_flight": live} if live else None
-    load = {k: v.get(f"server_load.{k}", "") for k in ("metrics_url", *LOAD_LIMITS)}
-    doc["server_load"] = {k: x for k, x in load.items() if x} or None
-    if doc["server_load"] is not None:
-        doc["server_load"].setdefault("metrics_url", "")
-    window = {k: v.get(f"time_window.{k}", "") for k in ("time_zone", "from", "until")}
-    days = v.get("time_window.days") or []
-    doc["time_window"] = {**window, "days": days} if any(window.values()) or days else None
-    hint = v.get("priority_hint", "")
-    doc["priority_hint"] = hint or None
+    for gate in SETTINGS_GATES:
+        doc[gate.name] = gate.document(v)
+    doc["priority_hint"] = v.get("priority_hint", "") or None
     return doc
 
 
@@ -128,7 +114,8 @@ async def _route_page(
         chart=route_chart(state(request).samples.recent(route_id, now), now),
         values=values if values is not None else form_values(doc.settings),
         errors=errors or {},
-        days=DAYS,
+        gates=SETTINGS_GATES,
+        legitimate=LEGITIMATE_WAITS,
         can_edit=session.identity.role == "platform_admin",
         saved=request.query_params.get("saved") == "1",
     )

@@ -19,7 +19,14 @@ IDLE_SECONDS = 8 * 3600
 MAX_AGE_SECONDS = 24 * 3600
 """A session ends this long after sign-in, used or not."""
 MAX_SESSIONS = 10_000
-"""Past this many, signing in drops the oldest sessions first."""
+"""The table's bound against memory exhaustion: when this many are live, signing in is refused
+(`SessionsFull`) rather than ending anyone's session."""
+MAX_SESSIONS_PER_KEY = 20
+"""Sessions of one key at once: its 21st sign-in ends that key's own oldest session."""
+
+
+class SessionsFull(Exception):
+    """The table holds `MAX_SESSIONS` live sessions: a new sign-in must wait for some to end."""
 
 
 @dataclass
@@ -45,12 +52,20 @@ class Session:
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     limit: int = MAX_SESSIONS
+    per_key: int = MAX_SESSIONS_PER_KEY
 
     def create(self, identity: Identity, now: float) -> Session:
+        """A new session; the key's own oldest ones end to keep it within `per_key`. Nobody
+        else's session ends: when the whole table is full, `SessionsFull`."""
         self._prune(now)
-        while len(self.sessions) >= self.limit:
-            oldest = min(self.sessions.values(), key=lambda s: s.created_at)
-            del self.sessions[oldest.id]
+        own = sorted(
+            (s for s in self.sessions.values() if _holder(s.identity) == _holder(identity)),
+            key=lambda s: s.created_at,
+        )
+        for old in own[: max(0, len(own) - self.per_key + 1)]:
+            del self.sessions[old.id]
+        if len(self.sessions) >= self.limit:
+            raise SessionsFull
         session = Session(
             id=secrets.token_urlsafe(32),
             identity=identity,
@@ -78,3 +93,8 @@ class SessionTable:
     def _prune(self, now: float) -> None:
         for s in [s for s in self.sessions.values() if s.expired(now)]:
             del self.sessions[s.id]
+
+
+def _holder(identity: Identity) -> tuple[str, str]:
+    """Whose session it is: the key (by id; by workspace and name for keys without one)."""
+    return (identity.key_id, "") if identity.key_id else (identity.workspace, identity.key_name)

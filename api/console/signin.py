@@ -13,6 +13,7 @@ import time
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 
+from api.console.sessions import SessionsFull
 from api.console.web import (
     COOKIE_PATH,
     SESSION_COOKIE,
@@ -74,7 +75,11 @@ async def sign_in(request: Request) -> Response:
     if found is None:
         return _form(request, error="Incorrect API key.", status_code=401)
     identity: Identity = identity_of(found)
-    session = state(request).sessions.create(identity, time.time())
+    try:
+        session = state(request).sessions.create(identity, time.time())
+    except SessionsFull:
+        error = "Too many people are signed in right now: try again later."
+        return _form(request, error=error, status_code=503)
     resp = RedirectResponse("/console/batches", status_code=303)
     resp.set_cookie(
         SESSION_COOKIE,

@@ -179,3 +179,52 @@ async def test_share_weight_splits_a_route(make_stack: MakeStack, temporal_clien
         "allotments 3:1 by share weight",
     )
     assert sum(b.allotment for b in st.batches) == 4
+
+
+async def test_parallel_creates_admit_exactly_the_limit(make_stack: MakeStack) -> None:
+    """With `max_active_batches = 1`, 20 creates at once make exactly one batch: admission is
+    counted by the workspace's admission workflow, not by the lagging visibility index."""
+    stack = await make_stack(workspace_limits={"alpha": {"max_active_batches": 1}})
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
+        url = SCHEDULING.format(route=stack.route_id)
+        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
+        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
+        file_id = (await _upload(http, ALPHA, jsonl(3))).json()["id"]
+
+        # 20 connections open first, so the creates arrive together rather than as connected.
+        await asyncio.gather(*(http.get("/v1/files", headers=auth(ALPHA)) for _ in range(20)))
+        answers = await asyncio.gather(*(_create(http, ALPHA, file_id) for _ in range(20)))
+        made = [r.json()["id"] for r in answers if r.status_code == 200]
+        assert len(made) == 1, [(r.status_code, r.text[:80]) for r in answers]
+        for r in answers:
+            if r.status_code != 200:
+                assert_error(r, 429, code="batch_limit_exceeded", type_="rate_limit_error")
+        listed = await poll_until(
+            lambda: http.get("/v1/batches", headers=auth(ALPHA)),
+            lambda r: r.json()["data"],
+            timeout=30,
+            what="the batch listed",
+        )
+        assert [b["id"] for b in listed.json()["data"]] == made
+
+
+async def test_pinned_input_counts_towards_stored_bytes(make_stack: MakeStack) -> None:
+    """Upload, create a batch, delete the file: the batch's pinned copy stays stored, so the
+    bytes still count and the next upload that would pass the limit with them is refused."""
+    small = jsonl(3)
+    limit = len(small) + len(small) // 2
+    stack = await make_stack(workspace_limits={"alpha": {"max_stored_bytes": limit}})
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
+        url = SCHEDULING.format(route=stack.route_id)
+        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
+        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
+        file_id = (await _upload(http, ALPHA, small)).json()["id"]
+        created = await _create(http, ALPHA, file_id)
+        assert created.status_code == 200, created.text
+        assert (await http.delete(f"/v1/files/{file_id}", headers=auth(ALPHA))).status_code == 200
+
+        resp = await _upload(http, ALPHA, small)
+        assert_error(resp, 429, code="storage_limit_exceeded", type_="rate_limit_error")
+        assert (await http.get("/v1/files", headers=auth(ALPHA))).json()["data"] == []
+        # Beta's quota is its own.
+        assert (await _upload(http, BETA, small)).status_code == 200

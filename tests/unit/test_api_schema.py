@@ -23,6 +23,7 @@ from api.app import create_app
 from api.errors import NOT_AN_OBJECT, NOT_JSON, invalid_request
 from backfill.batches import Batch
 from backfill.config import ApiKeyConfig, Settings, hash_key
+from backfill.messages import RouteSettings
 
 KEY = "sk-unit"
 ROUTE_PREFIXES = ("/v1/", "/api/v1/")
@@ -342,3 +343,17 @@ def test_a_batch_summary_fits_temporals_400_bytes_whatever_the_file_name() -> No
 
 def test_the_web_console_is_not_in_the_schema(spec: dict[str, Any]) -> None:
     assert not [p for p in spec["paths"] if p.startswith("/console")]
+
+
+def test_the_settings_schema_is_the_scheduler_s_own_model(spec: dict[str, Any]) -> None:
+    path = spec["paths"]["/api/v1/platform/deployments/{route_id}/batch-scheduling"]
+    body = path["put"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/RouteSettings-Input"}
+    doc = response_schema(
+        spec, "/api/v1/platform/deployments/{route_id}/batch-scheduling", "get", "200"
+    )
+    shown = resolve(spec, doc["properties"]["settings"])
+    taken = resolve(spec, body)
+    assert set(shown["properties"]) == set(taken["properties"]) == set(RouteSettings.model_fields)
+    assert set(shown["required"]) == set(RouteSettings.model_fields)  # every field always sent
+    assert taken["properties"]["max_concurrent_lines"]["maximum"] == 256

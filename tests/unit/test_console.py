@@ -16,10 +16,9 @@ from api.app import create_app
 from api.console.charts import bar_chart, route_chart
 from api.console.route_pages import field_errors, form_values, posted_values, settings_document
 from api.console.samples import WINDOW_SECONDS, RouteSample, RouteSamples
-from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionTable
+from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionsFull, SessionTable
 from api.console.usage_page import daily_rows
 from api.deps import Identity
-from api.schemas import SchedulingSettings
 from backfill.config import ApiKeyConfig, Settings, hash_key
 from backfill.messages import RouteSettings
 
@@ -42,13 +41,34 @@ def test_sessions_expire_when_idle_or_old_and_sign_out_ends_them() -> None:
 
 
 def test_csrf_tokens_compare_exactly_and_the_table_is_bounded() -> None:
-    table = SessionTable(limit=2)
+    table = SessionTable(per_key=2)
     first = table.create(ALICE, now=0)
     assert first.csrf_ok(first.csrf_token)
     assert not first.csrf_ok(None) and not first.csrf_ok("") and not first.csrf_ok("x")
     table.create(ALICE, now=1)
     table.create(ALICE, now=2)
     assert len(table.sessions) == 2 and table.get(first.id, now=3) is None
+
+
+def test_one_key_cannot_sign_everyone_else_out() -> None:
+    """A key signing in over and over ends only its own oldest sessions; when the table is
+    full, new sign-ins are refused and every existing session stays."""
+    bob = Identity(workspace="bob", role="member", key_name="bob", key_id="key_bob")
+    mallory = Identity(workspace="m", role="member", key_name="m", key_id="key_m")
+    table = SessionTable(limit=30, per_key=20)
+    bobs = [table.create(bob, now=i) for i in range(5)]
+    mine = [table.create(mallory, now=10 + i) for i in range(100)]
+    assert all(table.get(s.id, now=200) is s for s in bobs)
+    live = [s for s in mine if table.get(s.id, now=200) is not None]
+    assert live == mine[-20:]
+    others = [
+        Identity(workspace="w", role="member", key_name=f"k{i}", key_id=f"k{i}") for i in range(10)
+    ]
+    for who in others[:5]:
+        table.create(who, now=300)
+    with pytest.raises(SessionsFull):
+        table.create(others[5], now=301)
+    assert all(table.get(s.id, now=302) is s for s in bobs)
 
 
 def form(pairs: list[tuple[str, str]]) -> FormData:
@@ -79,7 +99,7 @@ def test_a_blank_gate_is_off_and_the_document_validates_like_the_api() -> None:
     assert parsed.server_load is not None and parsed.server_load.max_waiting == 0
     assert parsed.time_window is not None and parsed.time_window.days == ["mon", "fri"]
     # And back: the form shows what was saved.
-    shown = form_values(SchedulingSettings.model_validate(parsed.model_dump()))
+    shown = form_values(parsed)
     assert {k: v for k, v in shown.items() if v} == {
         k: v for k, v in full.items() if v and k != "server_load.max_waiting"
     } | {"server_load.max_waiting": "0"}

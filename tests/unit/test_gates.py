@@ -1,41 +1,71 @@
 """The route's gates, pure: which gate closes first names the reason, when the answer changes
-with time alone, live counts summed and forgotten, the rate-limit back-off."""
+with time alone, live counts summed and forgotten, the rate-limit back-off; and the registry
+that the settings document and the console derive from."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 
-from backfill.gates import (
+from backfill.gates import GATES, SETTINGS_GATES, Gate, GateContext, route_gate
+from backfill.gates.backoff import Backoff, back_off
+from backfill.gates.live import (
     LIVE_REPORT_TTL,
-    REASON_BACKOFF,
-    REASON_BUSY,
-    REASON_LIVE,
-    REASON_METRICS,
-    REASON_WINDOW,
-    Backoff,
     LiveCount,
-    back_off,
     forget_stale,
     live_expiry,
     live_in_flight,
-    route_gate,
 )
+from backfill.gates.server_load import LoadVerdict
+from backfill.messages import RouteSettings
+from backfill.reasons import WaitReason
+
+REASON_BACKOFF, REASON_BUSY, REASON_LIVE = WaitReason.BACKOFF, WaitReason.BUSY, WaitReason.LIVE
+REASON_METRICS, REASON_WINDOW = WaitReason.METRICS, WaitReason.WINDOW
 
 NOW = 1_000_000.0
+METRICS_URL = "http://h:8100/metrics"
+# Monday 1970-01-12 13:46:40 UTC: a window of 14:00-15:00 on Mondays opens at NOW + 800.
+WINDOW = {"time_zone": "UTC", "days": ["mon"], "from": "14:00", "until": "15:00"}
+WINDOW_OPENS = NOW + 800
+
+
+def gate(
+    *,
+    now: float = NOW,
+    window: bool = False,
+    live_threshold: int | None = None,
+    load_state: str | None = None,
+    load_error: str | None = None,
+    **state: Any,
+) -> Gate:
+    """`route_gate` for settings with the gates named on, and the scheduler's state."""
+    settings = RouteSettings(
+        time_window=WINDOW if window else None,
+        yield_to_live_traffic={"pause_at_in_flight": live_threshold} if live_threshold else None,
+        server_load={"metrics_url": METRICS_URL, "max_waiting": 0} if load_state else None,
+    )
+    load = None
+    if load_state not in (None, "none"):
+        load = LoadVerdict(state=load_state, detail=load_error)  # type: ignore[arg-type]
+    ctx = GateContext(now=datetime.fromtimestamp(now, UTC), load=load, **state)
+    return route_gate(settings, ctx)
 
 
 def test_every_gate_open_by_default() -> None:
-    gate = route_gate(now=NOW)
-    assert gate.open and gate.reason is None and gate.wake_at is None
+    answer = gate()
+    assert answer.open and answer.reason is None and answer.wake_at is None
 
 
 def test_live_traffic_at_the_threshold_closes_below_it_opens() -> None:
     live = {"a": LiveCount(in_flight=1, at=NOW), "b": LiveCount(in_flight=1, at=NOW - 5)}
-    closed = route_gate(now=NOW, live_threshold=2, live=live)
+    closed = gate(live_threshold=2, live=live)
     assert (closed.open, closed.reason) == (False, REASON_LIVE)
     assert closed.wake_at == NOW - 5 + LIVE_REPORT_TTL  # when b's count would be forgotten
-    assert route_gate(now=NOW, live_threshold=3, live=live).open
-    assert route_gate(now=NOW, live_threshold=None, live=live).open  # the gate is off
+    assert gate(live_threshold=3, live=live).open
+    assert gate(live_threshold=None, live=live).open  # the gate is off
 
 
 def test_a_process_that_stops_reporting_is_forgotten_after_the_ttl() -> None:
@@ -45,41 +75,69 @@ def test_a_process_that_stops_reporting_is_forgotten_after_the_ttl() -> None:
     }
     assert live_in_flight(live, NOW) == 1
     assert set(forget_stale(live, NOW)) == {"up"}
-    assert route_gate(now=NOW, live_threshold=2, live=live).open
+    assert gate(live_threshold=2, live=live).open
     assert live_expiry(live, NOW) == NOW + LIVE_REPORT_TTL
 
 
 def test_backoff_closes_until_it_ends() -> None:
     b = Backoff(until=NOW + 2, level=1, last_at=NOW)
-    gate = route_gate(now=NOW, backoff=b)
-    assert (gate.open, gate.reason, gate.wake_at) == (False, REASON_BACKOFF, NOW + 2)
-    assert route_gate(now=NOW + 2, backoff=b).open
+    closed = gate(backoff=b)
+    assert (closed.open, closed.reason, closed.wake_at) == (False, REASON_BACKOFF, NOW + 2)
+    assert gate(now=NOW + 2, backoff=b).open
 
 
 @pytest.mark.parametrize(
     ("state", "reason"), [("unavailable", REASON_METRICS), ("busy", REASON_BUSY), ("open", None)]
 )
 def test_server_load_verdicts(state: str, reason: str | None) -> None:
-    gate = route_gate(now=NOW, load_state=state, load_error="boom")
-    assert gate.reason == reason and gate.open is (reason is None)
+    answer = gate(load_state=state, load_error="boom")
+    assert answer.reason == reason and answer.open is (reason is None)
     if reason == REASON_METRICS:
-        assert gate.detail == "boom"
+        assert answer.detail == "boom"
+
+
+def test_no_verdict_yet_is_metrics_unavailable() -> None:
+    answer = gate(load_state="none")
+    assert (answer.open, answer.reason, answer.detail) == (False, REASON_METRICS, "no reading yet")
 
 
 def test_the_first_closed_gate_names_the_reason() -> None:
-    everything = dict(
+    everything: dict[str, Any] = dict(
         backoff=Backoff(until=NOW + 5, level=1, last_at=NOW),
         live_threshold=1,
         live={"a": LiveCount(in_flight=3, at=NOW)},
         load_state="busy",
     )
-    assert (
-        route_gate(now=NOW, window_open=False, window_changes_at=NOW + 60, **everything).reason
-        == REASON_WINDOW
-    )  # type: ignore[arg-type]
-    assert route_gate(now=NOW, **everything).reason == REASON_BACKOFF  # type: ignore[arg-type]
+    closed = gate(window=True, **everything)
+    assert (closed.reason, closed.wake_at) == (REASON_WINDOW, WINDOW_OPENS)
+    assert gate(**everything).reason == REASON_BACKOFF
     everything["backoff"] = Backoff()
-    assert route_gate(now=NOW, **everything).reason == REASON_LIVE  # type: ignore[arg-type]
+    assert gate(**everything).reason == REASON_LIVE
+    everything["live"] = {}
+    assert gate(**everything).reason == REASON_BUSY
+
+
+def test_the_window_s_next_edge_is_when_any_later_answer_may_change() -> None:
+    inside = WINDOW_OPENS + 60  # open until 15:00, NOW + 4400
+    assert gate(now=inside, window=True) == Gate(True, wake_at=NOW + 4400)
+    backing_off = Backoff(until=inside + 5, level=1, last_at=inside)
+    assert gate(now=inside, window=True, backoff=backing_off).wake_at == inside + 5
+    busy = gate(now=inside, window=True, load_state="busy")
+    assert (busy.reason, busy.wake_at) == (REASON_BUSY, NOW + 4400)
+
+
+def test_the_registry_checks_in_order_and_derives_the_settings_fields() -> None:
+    assert [g.name for g in GATES] == [
+        "time_window",
+        "backoff",
+        "yield_to_live_traffic",
+        "server_load",
+        "seat_aware",
+    ]
+    gate_fields = set(RouteSettings.model_fields) - {"max_concurrent_lines", "priority_hint"}
+    assert gate_fields == {g.name for g in SETTINGS_GATES}
+    assert all(RouteSettings().model_dump()[g.name] is None for g in SETTINGS_GATES)
+    assert [g.reader for g in GATES if g.reader] == ["watch_server_load"]
 
 
 def test_backoff_doubles_to_a_minute_honours_retry_after_and_resets_after_a_quiet_spell() -> None:

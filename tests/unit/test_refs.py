@@ -9,6 +9,7 @@ import pytest
 from temporalio import workflow
 
 from backfill import refs
+from workflows.admission import AdmissionWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
@@ -39,6 +40,7 @@ def _shape(cls: type) -> dict[str, Any]:
     [
         (refs.BatchWorkflow, BatchWorkflow),
         (refs.RouteSchedulerWorkflow, RouteSchedulerWorkflow),
+        (refs.AdmissionWorkflow, AdmissionWorkflow),
     ],
 )
 def test_ref_matches_the_workflow(ref: type, real: type) -> None:

@@ -15,13 +15,7 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from backfill.load_gate import (
-    SERVER_BUSY,
-    SERVER_METRICS_UNAVAILABLE,
-    LoadReading,
-    ServerLoadSettings,
-    load_gate,
-)
+from backfill.gates.server_load import LoadReading, ServerLoadSettings, judge
 from backfill.load_metrics import (
     approve_metrics_url,
     approved_bases,
@@ -156,35 +150,29 @@ def reading(**kw: Any) -> LoadReading:
 
 def test_gate_open_at_or_under_every_limit() -> None:
     s = settings(max_waiting=0, max_running=10, max_kv_cache_percent=90)
-    assert load_gate(s, reading(waiting=0, running=10, kv_cache_percent=90)) == (
-        "open",
-        None,
-        None,
-    )
+    verdict = judge(s, reading(waiting=0, running=10, kv_cache_percent=90))
+    assert (verdict.state, verdict.detail) == ("open", None)
 
 
 def test_gate_busy_over_any_limit() -> None:
     s = settings(max_waiting=0, max_kv_cache_percent=90)
-    state, reason, detail = load_gate(s, reading(waiting=1, running=999, kv_cache_percent=91.5))
-    assert (state, reason) == ("busy", SERVER_BUSY)
-    assert detail == "waiting requests 1 > 0; KV cache use 91.5% > 90%"
-    assert load_gate(settings(max_running=4), reading(running=5)).state == "busy"
+    verdict = judge(s, reading(waiting=1, running=999, kv_cache_percent=91.5))
+    assert verdict.state == "busy" and verdict.reading is not None
+    assert verdict.detail == "waiting requests 1 > 0; KV cache use 91.5% > 90%"
+    assert judge(settings(max_running=4), reading(running=5)).state == "busy"
 
 
 def test_gate_fails_closed() -> None:
     s = settings(max_waiting=2)
-    assert load_gate(s, None) == ("unavailable", SERVER_METRICS_UNAVAILABLE, "no reading yet")
-    failed = reading(error="GET http://x/metrics: HTTP 404")
-    assert load_gate(s, failed) == (
-        "unavailable",
-        SERVER_METRICS_UNAVAILABLE,
-        "GET http://x/metrics: HTTP 404",
-    )
+    none_yet = judge(s, None)
+    assert (none_yet.state, none_yet.detail) == ("unavailable", "no reading yet")
+    failed = judge(s, reading(error="GET http://x/metrics: HTTP 404"))
+    assert (failed.state, failed.detail) == ("unavailable", "GET http://x/metrics: HTTP 404")
     # A missing gauge closes the gate only if it has a limit.
-    state, reason, detail = load_gate(s, reading(running=0, kv_cache_percent=10))
-    assert (state, reason) == ("unavailable", SERVER_METRICS_UNAVAILABLE)
-    assert detail == "the server reports no waiting requests gauge"
-    assert load_gate(settings(max_running=2), reading(running=0)).state == "open"
+    missing = judge(s, reading(running=0, kv_cache_percent=10))
+    assert missing.state == "unavailable"
+    assert missing.detail == "the server reports no waiting requests gauge"
+    assert judge(settings(max_running=2), reading(running=0)).state == "open"
 
 
 def test_settings_validation() -> None:
@@ -386,7 +374,7 @@ async def test_fails_closed(upstream: Upstream, mode: str, body: bytes, expected
     assert r.error.startswith(f"GET {upstream.metrics_url}: ")
     assert values(r) == (None, None, None)
     assert len(upstream.requests) == 1  # no retry, no redirect followed
-    gate = load_gate(ServerLoadSettings(metrics_url=upstream.metrics_url, max_running=100), r)
+    gate = judge(ServerLoadSettings(metrics_url=upstream.metrics_url, max_running=100), r)
     assert gate.state == "unavailable" and gate.detail == r.error
 
 
@@ -404,9 +392,9 @@ async def test_a_missing_gauge_with_a_limit_closes_the_gate(upstream: Upstream) 
     r = await reader_for(upstream.base_url).read(upstream.metrics_url)
     assert r.error is None and values(r) == (3.0, None, None)
     s = ServerLoadSettings(metrics_url=upstream.metrics_url, max_waiting=10, max_running=10)
-    assert load_gate(s, r) == (
+    verdict = judge(s, r)
+    assert (verdict.state, verdict.detail) == (
         "unavailable",
-        SERVER_METRICS_UNAVAILABLE,
         "the server reports no running requests gauge",
     )
 
@@ -508,7 +496,7 @@ async def test_reads_the_simulator() -> None:
         full = await reader.read(url)
         assert full.error is None and values(full) == (0.0, 4.0, 100.0)
         s = ServerLoadSettings(metrics_url=url, max_running=3)
-        assert load_gate(s, full).state == "busy"
+        assert judge(s, full).state == "busy"
         for _ in range(4):
             sim.app.scheduler.release()
         assert values(await reader.read(url)) == (0.0, 0.0, 0.0)

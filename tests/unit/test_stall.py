@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from backfill import gates
 from backfill.batches import BackfillExtension, Batch, RouteProgress
 from backfill.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
 from backfill.metrics import outcome_class
+from backfill.reasons import WaitReason
 from worker.exporter import route_reason
 from worker.stall import StallClock, advance, waits_legitimately
 
@@ -42,7 +42,7 @@ def route(
 
 
 def test_a_batch_with_hung_running_lines_accumulates_stall_time() -> None:
-    b = batch(route("running", reason=gates.REASON_AT_LIMIT, running=2))
+    b = batch(route("running", reason=WaitReason.AT_LIMIT, running=2))
     clock = advance(None, b, now=100.0)
     assert clock == StallClock(finished=0, stalled=0.0, at=100.0)
     clock = advance(clock, b, now=110.0)
@@ -58,17 +58,17 @@ def test_a_finished_line_resets_the_clock() -> None:
 
 def test_every_legitimate_reason_stops_the_clock_and_metrics_unavailable_does_not() -> None:
     for reason in (
-        gates.REASON_WINDOW,
-        gates.REASON_LIVE,
-        gates.REASON_BUSY,
-        gates.REASON_AT_LIMIT,
-        gates.REASON_OTHERS_TURN,
-        gates.REASON_BACKOFF,
+        WaitReason.WINDOW,
+        WaitReason.LIVE,
+        WaitReason.BUSY,
+        WaitReason.AT_LIMIT,
+        WaitReason.OTHERS_TURN,
+        WaitReason.BACKOFF,
     ):
         b = batch(route("queued", reason=reason))
         assert waits_legitimately(b), reason
         assert advance(StallClock(0, 7.0, 100.0), b, now=160.0) == StallClock(0, 7.0, 160.0)
-    b = batch(route("queued", reason=gates.REASON_METRICS))
+    b = batch(route("queued", reason=WaitReason.METRICS))
     assert not waits_legitimately(b)
     assert advance(StallClock(0, 7.0, 100.0), b, now=160.0) == StallClock(0, 67.0, 160.0)
 
@@ -77,18 +77,18 @@ def test_no_reason_paused_and_workers_busy() -> None:
     assert not waits_legitimately(batch(route("queued", reason=None)))
     assert waits_legitimately(batch(route("paused"), paused=True))
     # Allotted lines that no worker slot picks up: waiting for workers, not stuck upstream.
-    assert waits_legitimately(batch(route("running", reason=gates.REASON_WORKERS_BUSY, running=2)))
+    assert waits_legitimately(batch(route("running", reason=WaitReason.WORKERS_BUSY, running=2)))
 
 
 def test_every_open_route_must_wait_legitimately() -> None:
     b = batch(
-        route("queued", reason=gates.REASON_WINDOW, name="r1"),
-        route("queued", reason=gates.REASON_METRICS, name="r2"),
+        route("queued", reason=WaitReason.WINDOW, name="r1"),
+        route("queued", reason=WaitReason.METRICS, name="r2"),
         route("done", total=5, finished=5, name="r3"),
     )
     assert not waits_legitimately(b)
     b = batch(
-        route("queued", reason=gates.REASON_WINDOW, name="r1"),
+        route("queued", reason=WaitReason.WINDOW, name="r1"),
         route("done", total=5, finished=5, name="r3"),
     )
     assert waits_legitimately(b)
@@ -114,13 +114,11 @@ def status(state: str = "open", reason: str | None = None, queued: int = 0) -> S
 
 
 def test_route_reason_prefers_a_closed_gate_then_workers_busy_then_the_cap() -> None:
-    busy = batch(route("running", reason=gates.REASON_WORKERS_BUSY, running=2))
-    assert route_reason(status("paused", gates.REASON_LIVE), [busy]) == gates.REASON_LIVE
-    assert route_reason(status("open", gates.REASON_AT_LIMIT, 3), [busy]) == (
-        gates.REASON_WORKERS_BUSY
-    )
-    assert route_reason(status("open", gates.REASON_AT_LIMIT, 3), []) == gates.REASON_AT_LIMIT
-    assert route_reason(status("open", gates.REASON_AT_LIMIT, 0), []) is None
+    busy = batch(route("running", reason=WaitReason.WORKERS_BUSY, running=2))
+    assert route_reason(status("paused", WaitReason.LIVE), [busy]) == WaitReason.LIVE
+    assert route_reason(status("open", WaitReason.AT_LIMIT, 3), [busy]) == (WaitReason.WORKERS_BUSY)
+    assert route_reason(status("open", WaitReason.AT_LIMIT, 3), []) == WaitReason.AT_LIMIT
+    assert route_reason(status("open", WaitReason.AT_LIMIT, 0), []) is None
     assert route_reason(None, []) is None
 
 
@@ -134,8 +132,8 @@ def test_outcome_classes() -> None:
 def test_scheduler_details_name_the_reason_and_each_batchs_place() -> None:
     from workflows.scheduler import scheduler_details
 
-    st = status("paused", gates.REASON_LIVE, 2)
-    st.batches[0].reason, st.batches[0].queue_position = gates.REASON_LIVE, 1
+    st = status("paused", WaitReason.LIVE, 2)
+    st.batches[0].reason, st.batches[0].queue_position = WaitReason.LIVE, 1
     assert scheduler_details(st).splitlines() == [
         "**paused** · Yielding to live traffic",
         "limit 2 · allotted 2 · queued lines 2 · live in flight 0",
@@ -156,7 +154,7 @@ def test_the_exporter_counts_routes_per_reason_and_changes_into_a_reason() -> No
 
     settings = Settings(models=[{"id": "m", "routes": [{"id": "rx1", "base_url": "http://a/v1"}]}])
     exporter = Exporter(cast(Any, None), settings)
-    live = gates.REASON_LIVE
+    live = WaitReason.LIVE
     before = sample("gateway_batch_route_pauses_total", reason=live)
     running = batch(route("running", running=2, name="rx1"))
     st = status("paused", live, 3)
@@ -170,3 +168,19 @@ def test_the_exporter_counts_routes_per_reason_and_changes_into_a_reason() -> No
     assert sample("gateway_batch_paused_routes", reason=live) == 0
     exporter._export_routes({"rx1": st}, [running])
     assert sample("gateway_batch_route_pauses_total", reason=live) == before + 1
+
+
+def test_the_reasons_keep_their_exact_text_and_only_metrics_unavailable_is_not_legitimate() -> None:
+    # The values are in saved histories, the API and metric labels: never reworded.
+    assert [str(r) for r in WaitReason] == [
+        "Outside its time window",
+        "Yielding to live traffic",
+        "Server busy",
+        "Server metrics unavailable",
+        "At its batch limit",
+        "Other batches' turn",
+        "Gateway batch workers busy",
+        "Rate limited · backing off",
+        "Keeping seats free for live traffic",
+    ]
+    assert [r for r in WaitReason if not r.legitimate] == [WaitReason.METRICS]

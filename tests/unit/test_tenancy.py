@@ -149,3 +149,15 @@ def test_auditor_gets_no_content_and_writes_nothing() -> None:
     member = Identity(workspace="w", role="member", key_name="m")
     member.require_content()
     assert not member.can_see("other")
+
+
+def test_every_workspace_has_limits_by_default() -> None:
+    """No workspace is unlimited unless the config says so: 100 batches, a million queued
+    lines and 50 GiB stored, each overridable per workspace."""
+    limits = Settings().workspace_limits("anyone")
+    assert limits.max_active_batches == 100
+    assert limits.max_queued_lines == 1_000_000
+    assert limits.max_stored_bytes == 50 * 1024**3
+    s = Settings(workspaces={"big": {"max_active_batches": 1000}})
+    assert s.workspace_limits("big").max_active_batches == 1000
+    assert s.workspace_limits("big").max_stored_bytes == 50 * 1024**3

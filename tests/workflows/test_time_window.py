@@ -22,10 +22,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from backfill import refs
 from backfill.batches import Batch
-from backfill.gates import REASON_BACKOFF
+from backfill.gates.window import TimeWindow
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import LineInput, LineOutcome, PauseRequest, RouteSettings, SchedulerInput
-from backfill.windows import TimeWindow
+from backfill.reasons import WaitReason
 from tests.polling import poll_until
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import BatchWorkflow
@@ -176,7 +176,7 @@ async def test_a_batch_paused_while_backing_off_sleeps_until_resumed(slow: SlowL
         status = await scheduler.query(refs.RouteSchedulerWorkflow.status, now.timestamp())
         return status.state, status.reason
 
-    assert await route_as_of_now() == ("paused", REASON_BACKOFF)
+    assert await route_as_of_now() == ("paused", WaitReason.BACKOFF)
     before = await timers_started(handle)
     await h.env.sleep(timedelta(hours=2))  # the back-off ends an hour into this, paused
     assert await timers_started(handle) - before <= 3

@@ -1,30 +1,24 @@
 """The server-load gate: its settings, one reading of the model server's load, and the decision.
 
-Pure (pydantic only, no I/O, no clock): the route scheduler calls `load_gate` with the latest
-`LoadReading` (read by `backfill.load_reader.ServerLoadReader`). It fails closed:
-no reading, an unreadable one, or a missing gauge that has a limit closes the gate as
-"Server metrics unavailable" (decision 0011).
+Pure (pydantic only, no I/O, no clock). Its reader is the `watch_server_load` activity: it reads
+the server's `/metrics` (`backfill.load_reader.ServerLoadReader`), calls `judge` on each
+`LoadReading` and signals the route scheduler the `LoadVerdict` when its state changes; the
+scheduler's `decide` reads the last verdict. It fails closed: no reading, an unreadable one, or a
+missing gauge that has a limit closes the gate as "Server metrics unavailable" (decision 0011).
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = [
-    "SERVER_BUSY",
-    "SERVER_METRICS_UNAVAILABLE",
-    "GateState",
-    "LoadDecision",
-    "LoadReading",
-    "ServerLoadSettings",
-    "load_gate",
-]
+from backfill.gates.base import OPEN, FormField, GateAnswer, GateContext, GateEntry
+from backfill.reasons import WaitReason
 
-SERVER_BUSY = "Server busy"
-SERVER_METRICS_UNAVAILABLE = "Server metrics unavailable"
+__all__ = ["ENTRY", "GateState", "LoadReading", "LoadVerdict", "ServerLoadSettings", "judge"]
+
 MAX_COUNT_LIMIT = 100_000
 
 GateState = Literal["open", "busy", "unavailable"]
@@ -36,7 +30,7 @@ class ServerLoadSettings(BaseModel):
     Whether the URL is an approved upstream's is checked where the setting is saved
     (`backfill.load_metrics.approve_metrics_url`), and again by the reader before any fetch."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     metrics_url: str = Field(max_length=2048)
     """`http(s)://host[:port][/prefix]/metrics`: an approved upstream base without its `/v1`."""
@@ -92,21 +86,23 @@ class LoadReading(BaseModel):
     """Why the metrics could not be read (then every value is None)."""
 
 
-class LoadDecision(NamedTuple):
+class LoadVerdict(BaseModel):
+    """The server-load watcher's verdict, signalled when it changes (`server_load` signal)."""
+
     state: GateState
     """`open`: every limit holds; `busy`: over a limit; `unavailable`: cannot tell."""
-    reason: str | None
-    """The route's pause reason (`SERVER_BUSY`, `SERVER_METRICS_UNAVAILABLE`); None when open."""
-    detail: str | None
+    detail: str | None = None
     """What exactly: the limit exceeded, the missing gauge or the error text; None when open."""
+    reading: LoadReading | None = None
+    """The reading it was judged on."""
 
 
-def load_gate(settings: ServerLoadSettings, reading: LoadReading | None) -> LoadDecision:
+def judge(settings: ServerLoadSettings, reading: LoadReading | None) -> LoadVerdict:
     """Whether new batch lines may start given the latest `reading` (None: none yet)."""
     if reading is None:
-        return LoadDecision("unavailable", SERVER_METRICS_UNAVAILABLE, "no reading yet")
+        return LoadVerdict(state="unavailable", detail="no reading yet")
     if reading.error is not None:
-        return LoadDecision("unavailable", SERVER_METRICS_UNAVAILABLE, reading.error)
+        return LoadVerdict(state="unavailable", detail=reading.error, reading=reading)
     checks = (
         ("waiting requests", settings.max_waiting, reading.waiting, ""),
         ("running requests", settings.max_running, reading.running, ""),
@@ -115,12 +111,49 @@ def load_gate(settings: ServerLoadSettings, reading: LoadReading | None) -> Load
     missing = [name for name, limit, value, _ in checks if limit is not None and value is None]
     if missing:
         detail = f"the server reports no {' or '.join(missing)} gauge"
-        return LoadDecision("unavailable", SERVER_METRICS_UNAVAILABLE, detail)
+        return LoadVerdict(state="unavailable", detail=detail, reading=reading)
     over = [
         f"{name} {value:g}{unit} > {limit}{unit}"
         for name, limit, value, unit in checks
         if limit is not None and value is not None and value > limit
     ]
     if over:
-        return LoadDecision("busy", SERVER_BUSY, "; ".join(over))
-    return LoadDecision("open", None, None)
+        return LoadVerdict(state="busy", detail="; ".join(over), reading=reading)
+    return LoadVerdict(state="open", reading=reading)
+
+
+def decide(setting: ServerLoadSettings, ctx: GateContext) -> GateAnswer:
+    """The watcher's last verdict: closed while busy or unknown (no verdict yet: unknown)."""
+    if ctx.load is None:
+        return GateAnswer(False, WaitReason.METRICS, detail="no reading yet")
+    if ctx.load.state == "unavailable":
+        return GateAnswer(False, WaitReason.METRICS, detail=ctx.load.detail)
+    if ctx.load.state == "busy":
+        return GateAnswer(False, WaitReason.BUSY, detail=ctx.load.detail)
+    return OPEN
+
+
+LIMITS = ("max_waiting", "max_running", "max_kv_cache_percent")
+
+
+def _summary(s: ServerLoadSettings) -> str:
+    limits = [f", {k} {getattr(s, k)}" for k in LIMITS if getattr(s, k) is not None]
+    return s.metrics_url + "".join(limits)
+
+
+ENTRY = GateEntry(
+    name="server_load",
+    label="Server load signal",
+    model=ServerLoadSettings,
+    decide=decide,
+    doc='"Server load signal": lines start only while the server\'s own metrics are under every '
+    "limit set (fails closed; null: off).",
+    summary=_summary,
+    form=(
+        FormField("metrics_url", "Metrics URL (blank: off)", numeric=False),
+        FormField("max_waiting", "Max waiting requests"),
+        FormField("max_running", "Max running requests"),
+        FormField("max_kv_cache_percent", "Max KV cache %"),
+    ),
+    reader="watch_server_load",
+)

@@ -1,4 +1,4 @@
-"""Time windows: is a route's window open at `now`, and when does that next change?
+"""The time-window gate: is a route's window open at `now`, and when does that next change?
 
 Pure and deterministic (standard library and pydantic only, no I/O besides reading the pinned
 `tzdata` package once per zone, no clock): the route scheduler calls it with `workflow.now()`.
@@ -34,9 +34,12 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from backfill.gates.base import FormField, GateAnswer, GateContext, GateEntry
+from backfill.reasons import WaitReason
+
 __all__ = [
     "DAYS",
-    "OUTSIDE_WINDOW",
+    "ENTRY",
     "Day",
     "TimeWindow",
     "WindowState",
@@ -49,9 +52,6 @@ __all__ = [
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 """Day names in `date.weekday()` order."""
-
-OUTSIDE_WINDOW = "Outside its time window"
-"""The reason a route shows while its window is closed."""
 
 SCAN_DAYS = 400
 """How far ahead `next_change` looks: over a year, and clock changes recur yearly. Only a
@@ -79,7 +79,11 @@ class TimeWindow(BaseModel):
     """The hours a route may start batch lines, as in the settings document's `time_window`."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        serialize_by_alias=True,
+        use_attribute_docstrings=True,
     )
 
     time_zone: str
@@ -210,3 +214,29 @@ def _to_utc(zone: ZoneInfo, wall: datetime, *, skip_gap: bool) -> datetime | Non
 
 def _wall(zone: ZoneInfo, instant: datetime) -> datetime:
     return instant.astimezone(zone).replace(tzinfo=None, fold=0)
+
+
+def decide(window: TimeWindow, ctx: GateContext) -> GateAnswer:
+    """Closed outside the window; either way the answer changes at the window's next edge."""
+    state = window_state(window, ctx.now)
+    wake = state.next_change.timestamp() if state.next_change is not None else None
+    if not state.open:
+        return GateAnswer(False, WaitReason.WINDOW, wake_at=wake)
+    return GateAnswer(True, wake_at=wake)
+
+
+ENTRY = GateEntry(
+    name="time_window",
+    label="Time window",
+    model=TimeWindow,
+    decide=decide,
+    doc='"Time window": lines start only inside it (null: any time).',
+    off="any time",
+    summary=lambda w: f"{', '.join(w.days)} {w.from_}–{w.until} ({w.time_zone})",
+    form=(
+        FormField("time_zone", "Time zone (IANA; blank: any time)", numeric=False),
+        FormField("days", "Start days", choices=DAYS),
+        FormField("from", "From (HH:MM)", numeric=False),
+        FormField("until", "Until (HH:MM)", numeric=False),
+    ),
+)

@@ -1,0 +1,89 @@
+"""The api's side of per-workspace admission (decision 0020): reserve a batch's slot in the
+workspace's `AdmissionWorkflow` before starting the batch, release it when the start failed,
+and read the pinned inputs it holds for the storage quota."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from api.errors import TemporalUnavailable, TooManyRequests
+from api.history_view import QUICK_QUERY
+from backfill.admission import (
+    AdmissionInput,
+    ReleaseRequest,
+    Reservation,
+    ReserveRequest,
+    admission_workflow_id,
+)
+from backfill.config import Settings
+from backfill.refs import AdmissionWorkflow
+
+log = logging.getLogger(__name__)
+
+RESERVE_TIMEOUT = timedelta(seconds=30)
+"""How long a create waits for the admission workflow's answer (it needs a worker, and its
+workflow task shares the task queue with every batch's)."""
+
+
+async def reserve(client: Client, settings: Settings, workspace: str, req: ReserveRequest) -> None:
+    """Take a slot for `req.batch_id`, or raise 429 naming the limit that refused it."""
+    start = WithStartWorkflowOperation(
+        AdmissionWorkflow.run,
+        AdmissionInput(workspace=workspace, check_seconds=settings.scheduler_reconcile_seconds),
+        id=admission_workflow_id(workspace),
+        task_queue=settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        static_summary=f"Admission of workspace {workspace}'s batches",
+    )
+    try:
+        result = await client.execute_update_with_start_workflow(
+            AdmissionWorkflow.reserve,
+            req,
+            start_workflow_operation=start,
+            rpc_timeout=RESERVE_TIMEOUT,
+        )
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        raise TemporalUnavailable("No worker answered the batch admission in time.") from None
+    if result.refused_by == "max_active_batches":
+        raise TooManyRequests(
+            f"Workspace {workspace!r} already has {result.active} batches queued or running, "
+            f"its limit is {req.max_active_batches}; wait for one to end before creating another.",
+            code="batch_limit_exceeded",
+        )
+    if result.refused_by == "max_queued_lines":
+        raise TooManyRequests(
+            f"Workspace {workspace!r} has {result.lines} lines in batches queued or running; "
+            f"this batch's {req.lines} more would pass its limit of {req.max_queued_lines}.",
+            code="line_limit_exceeded",
+        )
+
+
+async def release(client: Client, workspace: str, batch_id: str) -> None:
+    """Give back the slot of a batch that was not started (best effort: the workflow's own
+    check drops it later anyway)."""
+    handle = client.get_workflow_handle_for(AdmissionWorkflow.run, admission_workflow_id(workspace))
+    try:
+        await handle.signal(AdmissionWorkflow.release, ReleaseRequest(batch_id=batch_id))
+    except RPCError as err:
+        log.warning("could not release the admission of %s: %s", batch_id, err)
+
+
+async def held(client: Client, workspace: str) -> list[Reservation]:
+    """The workspace's reservations (none when it never created a batch)."""
+    handle = client.get_workflow_handle_for(AdmissionWorkflow.run, admission_workflow_id(workspace))
+    try:
+        view = await handle.query(AdmissionWorkflow.holdings, rpc_timeout=QUICK_QUERY)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return []
+        raise TemporalUnavailable("No worker answered the storage count in time.") from None
+    return view.reservations
