@@ -89,11 +89,15 @@ class FileStore(Store):
         return open(path, "rb")
 
     def delete_file(self, file_id: str) -> bool:
+        """Each unlink is made durable before the next: a crash never keeps metadata whose
+        content is gone, and a deletion the caller was told about stays deleted."""
         try:
             self._meta_path(file_id).unlink()
         except (KeyError, FileNotFoundError):
             return False
+        _fsync_dir(self._files)
         self._data_path(file_id).unlink(missing_ok=True)
+        _fsync_dir(self._files)
         return True
 
     def keys(self, prefix: str) -> list[str]:

@@ -91,3 +91,34 @@ def test_lines_are_read_through_a_bounded_set_of_kept_handles(
     # the first batch's handles were let go; its lines are read again all the same
     assert store.read_line("batch_b0", batches["batch_b0"], 1) == b'{"custom_id":"0-1"}'
     assert open_fds() - before <= 6
+
+
+def test_a_deletion_is_durable_metadata_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata's unlink reaches the disk before the content's goes (a crash between never
+    keeps a file whose content is gone), and the content's before `delete_file` returns."""
+    store = FileStore(tmp_path)
+    file_id = upload(store, b"x\n")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_unlink = os.fsync, os.unlink
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def unlink(path: str | os.PathLike[str], **kw: object) -> None:
+        events.append(("unlink", os.path.basename(path)))
+        real_unlink(path, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert store.delete_file(file_id)
+    files = str(tmp_path / "files")
+    assert events == [
+        ("unlink", f"{file_id}.json"),
+        ("fsync", files),
+        ("unlink", f"{file_id}.data"),
+        ("fsync", files),
+    ]
