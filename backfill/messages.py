@@ -305,7 +305,12 @@ class CleanupInput(BaseModel):
 
 
 class CleanupOutput(BaseModel):
+    """What one retention pass removed."""
+
     deleted_files: int = 0
+    """Files past their `expires_at`."""
+    abandoned_uploads: int = 0
+    """Unfinished uploads left by processes that died mid-upload (older than a day)."""
 
 
 class FinalizeOutput(BaseModel):

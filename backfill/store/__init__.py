@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backfill.store.base import (
+    ABANDONED_UPLOAD_SECONDS,
     CHUNK_BYTES,
     FINALIZED,
     FileObject,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from backfill.config import Settings
 
 __all__ = [
+    "ABANDONED_UPLOAD_SECONDS",
     "CHUNK_BYTES",
     "FINALIZED",
     "FileObject",

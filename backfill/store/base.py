@@ -25,6 +25,10 @@ CHUNK_BYTES = 1 << 20
 """Size of the chunks a file's content is streamed in (`chunks`)."""
 FINALIZED = "finalized.json"
 """The name of a batch's finalized record, the one thing `drop_batch_work` keeps."""
+ABANDONED_UPLOAD_SECONDS = 24 * 3600
+"""An unfinished upload older than this was abandoned by a process that died mid-upload, and
+the retention pass drops it (`Store.drop_abandoned_uploads`). No upload legitimately takes a
+day: the api streams a body as it arrives, finalizing writes its outputs in minutes."""
 
 
 class FileTooLarge(Exception):
@@ -196,6 +200,14 @@ class Store(ABC):
         operators and tests. The layout is the same on every store: `files/<id>.data` and
         `.json`, `batches/<id>/` with `input.jsonl`, the index files (`write_index`),
         `results/<line // 1000>/<line>.json` and `finalized.json`."""
+
+    @abstractmethod
+    def drop_abandoned_uploads(self, before: float) -> int:
+        """Drop what unfinished uploads not written since `before` (Unix seconds) hold, as
+        their `abort` would: left behind by a process that died mid-upload, nothing else would
+        ever remove them. Returns how many were dropped. An upload in progress writes as its
+        body arrives, so it is left alone; the retention pass passes `now -
+        ABANDONED_UPLOAD_SECONDS`."""
 
     @abstractmethod
     def pending_uploads(self) -> dict[str, int]:

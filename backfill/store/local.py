@@ -115,6 +115,21 @@ class FileStore(Store):
                 continue
         return out
 
+    def drop_abandoned_uploads(self, before: float) -> int:
+        """Temp files in `files/` last written before `before`."""
+        dropped = 0
+        for p in self._files.glob(".tmp-*"):
+            try:
+                if p.stat().st_mtime >= before:
+                    continue
+                p.unlink()
+            except FileNotFoundError:  # finished or aborted meanwhile
+                continue
+            dropped += 1
+        if dropped:
+            _fsync_dir(self._files)
+        return dropped
+
     def _temp_path(self) -> Path:
         fd, name = tempfile.mkstemp(dir=self._files, prefix=".tmp-")
         os.close(fd)

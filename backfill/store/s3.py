@@ -241,33 +241,60 @@ class S3Store(Store):
     def keys(self, prefix: str) -> list[str]:
         start = len(self.prefix)
         names = [k[start:] for k in self._list(self.prefix + prefix)]
-        names += [f"{key[start:]}#upload" for key, _ in self._uploads(self.prefix + prefix)]
+        names += [f"{key[start:]}#upload" for key, _, _ in self._uploads(self.prefix + prefix)]
         return sorted(names)
 
-    def _uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """(key, upload id) of every multipart upload begun and not completed nor aborted."""
+    def _uploads(self, prefix: str) -> Iterator[tuple[str, str, float]]:
+        """(key, upload id, when begun) of every multipart upload begun and not completed nor
+        aborted."""
         pages = self.client.get_paginator("list_multipart_uploads").paginate(
             Bucket=self.bucket, Prefix=prefix
         )
         for page in pages:
             for item in page.get("Uploads", []):
-                yield item["Key"], item["UploadId"]
+                yield item["Key"], item["UploadId"], item["Initiated"].timestamp()
 
-    def pending_uploads(self) -> dict[str, int]:
-        out = {}
-        for key, upload_id in self._uploads(f"{self.prefix}files/"):
-            size = 0
+    def _parts(self, key: str, upload_id: str) -> list[dict[str, Any]] | None:
+        """The parts a multipart upload holds so far; None if it is finished or aborted."""
+        parts: list[dict[str, Any]] = []
+        try:
+            pages = self.client.get_paginator("list_parts").paginate(
+                Bucket=self.bucket, Key=key, UploadId=upload_id
+            )
+            for page in pages:
+                parts += page.get("Parts", [])
+        except ClientError as err:
+            if _code(err) != "NoSuchUpload":
+                raise
+            return None
+        return parts
+
+    def drop_abandoned_uploads(self, before: float) -> int:
+        """Multipart uploads neither begun nor given a part since `before` are aborted (an
+        upload smaller than a part is only in the memory of its process, and died with it)."""
+        dropped = 0
+        for key, upload_id, begun in self._uploads(f"{self.prefix}files/"):
+            parts = self._parts(key, upload_id)
+            if parts is None:
+                continue
+            written = max([begun] + [p["LastModified"].timestamp() for p in parts])
+            if written >= before:
+                continue
             try:
-                pages = self.client.get_paginator("list_parts").paginate(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id
-                )
-                for page in pages:
-                    size += sum(p["Size"] for p in page.get("Parts", []))
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             except ClientError as err:
                 if _code(err) != "NoSuchUpload":  # finished or aborted meanwhile
                     raise
                 continue
-            out[f"{key[len(self.prefix) :]}#{upload_id}"] = size
+            dropped += 1
+        return dropped
+
+    def pending_uploads(self) -> dict[str, int]:
+        out = {}
+        for key, upload_id, _ in self._uploads(f"{self.prefix}files/"):
+            parts = self._parts(key, upload_id)
+            if parts is not None:
+                out[f"{key[len(self.prefix) :]}#{upload_id}"] = sum(p["Size"] for p in parts)
         return out
 
     # ---- batches: input and line index ----------------------------------------------------------

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from backfill.store import FileStore, FileTooLarge, Store, chunks
+from activities.retention import RetentionActivities
+from backfill.store import ABANDONED_UPLOAD_SECONDS, FileStore, FileTooLarge, Store, chunks
 from tests.stores import PART, index, indexed_batch, upload
 
 STORES = ["local", "s3"]
@@ -83,6 +85,24 @@ def test_an_upload_is_pending_until_finished_and_visible_only_then(store: Store)
     assert store.read_file(obj.id) == b"a" * (2 * PART) + b"b"
     up.abort()  # after finish: nothing to abort, the file stays
     assert store.get_file(obj.id) == obj
+
+
+def test_an_upload_its_process_abandoned_is_dropped_by_the_retention_pass(store: Store) -> None:
+    kept = upload(store, b"kept")
+    up = store.begin_upload(1 << 30)
+    up.write(b"a" * (PART + 1))  # on S3, one part sent: a multipart upload begun
+    # Its process dies here: nobody finishes nor aborts the upload.
+    assert len(store.pending_uploads()) == 1
+    retention = RetentionActivities(store)
+    assert retention._delete_expired(int(time.time())).abandoned_uploads == 0  # not a day old
+    assert len(store.pending_uploads()) == 1
+    a_day_on = int(time.time()) + ABANDONED_UPLOAD_SECONDS + 1
+    assert retention._delete_expired(a_day_on).abandoned_uploads == 1
+    assert store.pending_uploads() == {}
+    assert store.keys("files/") == [f"files/{kept}.data", f"files/{kept}.json"]
+    assert store.read_file(kept) == b"kept"
+    assert store.drop_abandoned_uploads(time.time() + 1) == 0  # nothing more to drop
+    up.abort()  # the dead process's handle, had it lived: harmless
 
 
 def test_a_multipart_sized_upload_round_trips(store: Store) -> None:
