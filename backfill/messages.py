@@ -311,6 +311,9 @@ class CleanupOutput(BaseModel):
     """Files past their `expires_at`."""
     abandoned_uploads: int = 0
     """Unfinished uploads left by processes that died mid-upload (older than a day)."""
+    finalized_leftovers: int = 0
+    """Finalized batches whose work was found again (a line committed after finalizing, on
+    the S3 store) and dropped."""
 
 
 class FinalizeOutput(BaseModel):

@@ -22,6 +22,7 @@ from backfill.store.base import (
     ABANDONED_UPLOAD_SECONDS,
     CHUNK_BYTES,
     FINALIZED,
+    BatchFinalized,
     FileObject,
     FileTooLarge,
     RouteLines,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ABANDONED_UPLOAD_SECONDS",
     "CHUNK_BYTES",
+    "BatchFinalized",
     "FINALIZED",
     "FileObject",
     "FileStore",

@@ -35,6 +35,12 @@ class FileTooLarge(Exception):
     """An upload went past the configured size cap while streaming."""
 
 
+class BatchFinalized(Exception):
+    """A line's result came after its batch was finalized (from a worker that lost its
+    heartbeat, whose line ran again elsewhere): the batch's work is dropped and the result is
+    not kept (`Store.commit_result`)."""
+
+
 class FileObject(BaseModel):
     """Stored metadata of an uploaded or generated file (OpenAI's File object plus owner)."""
 
@@ -306,6 +312,13 @@ class Store(ABC):
         them: afterwards the batch's lines read as FileNotFoundError. The uploaded file is the
         user's and stays. Safe to repeat, and on a batch with nothing stored."""
 
+    @abstractmethod
+    def drop_finalized_leftovers(self) -> int:
+        """Drop the work stored under finalized batches (a line committed after finalizing, a
+        `drop_batch_work` cut short), as `drop_batch_work` would, keeping each finalized
+        record; batches not finalized keep everything. Returns how many batches had some.
+        Run by the retention pass."""
+
     # ---- batches: per-line results --------------------------------------------------------------
     @abstractmethod
     def commit_result(self, batch_id: str, line_no: int, record: bytes) -> tuple[bytes, bool]:
@@ -315,7 +328,14 @@ class Store(ABC):
         create-if-absent (`link`, `PutObject` with `If-None-Match: *`) decides. The record is
         whole and durable when a call returns; nothing else is left behind (no temp files).
 
-        Returns (the committed record, True if this call committed it)."""
+        Returns (the committed record, True if this call committed it).
+
+        Once the batch is finalized its results are read no more and its work is dropped
+        (`drop_batch_work`), but a line whose worker lost its heartbeat may still commit. A
+        store either refuses such a commit, raising BatchFinalized and leaving nothing behind
+        (the local store: it looks for the finalized record before and after linking), or
+        keeps it until `drop_finalized_leftovers` removes it (the S3 store: a look per line
+        would be one more request on every line)."""
 
     @abstractmethod
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:

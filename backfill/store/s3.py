@@ -429,11 +429,58 @@ class S3Store(Store):
             for cache_key in [k for k in self._blocks if k[0] == batch_id]:
                 del self._blocks[cache_key]
 
+    def drop_finalized_leftovers(self) -> int:
+        """One listing of `batches/` in key order, where a batch's `finalized.json` comes
+        before its other keys (`index.json`, `input.jsonl`, `lengths.bin`, `offsets.bin`,
+        `results/`, `route-<n>.bin` all sort after it): the keys after it are leftovers,
+        deleted 1,000 a call. A batch whose first key is another is not finalized, and the
+        listing skips its keys (it starts again after `<batch id>0`: no character sorts
+        between `/` and `0`), so a running batch's results cost one listing, not one a
+        thousand keys."""
+        base = f"{self.prefix}batches/"
+        after = ""
+        current, finalized = "", False
+        leftovers: list[str] = []
+        swept: set[str] = set()
+        while True:
+            start = {"StartAfter": after} if after else {}
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=base, **start)
+            contents = page.get("Contents", [])
+            skip_to = None
+            for item in contents:
+                key = item["Key"]
+                batch_id, _, name = key[len(base) :].partition("/")
+                if batch_id != current:
+                    current, finalized = batch_id, name == FINALIZED
+                    if not finalized:
+                        skip_to = f"{base}{batch_id}0"
+                        break
+                elif finalized:
+                    leftovers.append(key)
+                    swept.add(batch_id)
+            if skip_to is not None:
+                after = skip_to
+            elif contents and page.get("IsTruncated"):
+                after = contents[-1]["Key"]
+            else:
+                break
+            if len(leftovers) >= 1000:
+                self._delete_keys(leftovers)
+                leftovers = []
+        self._delete_keys(leftovers)
+        with self._lock:
+            for cache_key in [k for k in self._blocks if k[0] in swept]:
+                del self._blocks[cache_key]
+        return len(swept)
+
     # ---- batches: per-line results --------------------------------------------------------------
     def _result_key(self, batch_id: str, line_no: int) -> str:
         return self._batch_key(batch_id, f"results/{line_no // 1000:05d}/{line_no}.json")
 
     def commit_result(self, batch_id: str, line_no: int, record: bytes) -> tuple[bytes, bool]:
+        """Also under a finalized batch (a line of a worker that lost its heartbeat): looking
+        for the finalized record first would cost every line a request;
+        `drop_finalized_leftovers` removes such a record instead."""
         return self._put_first(self._result_key(batch_id, line_no), record)
 
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:

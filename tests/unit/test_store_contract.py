@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from activities.retention import RetentionActivities
-from backfill.store import ABANDONED_UPLOAD_SECONDS, FileStore, FileTooLarge, Store, chunks
+from backfill.store import (
+    ABANDONED_UPLOAD_SECONDS,
+    BatchFinalized,
+    FileStore,
+    FileTooLarge,
+    Store,
+    chunks,
+)
 from tests.stores import PART, index, indexed_batch, upload
 
 STORES = ["local", "s3"]
@@ -272,3 +279,38 @@ def test_a_dropped_batch_reads_no_lines_even_through_what_the_store_keeps(store:
         store.read_line("batch_d", file_id, 0)
     with pytest.raises(FileNotFoundError):
         store.index_total("batch_d")
+
+
+def test_a_line_committed_after_its_batch_was_finalized_is_not_kept(store: Store) -> None:
+    """A zombie line: its worker lost its heartbeat, the line ran again elsewhere, the batch was
+    finalized and its work dropped, then the zombie commits. A store refuses it (local) or the
+    retention pass drops it (S3); either way the batch keeps only its finalized record. Batches
+    still running keep their work, whatever sorts next to them."""
+    lines = [b'{"custom_id":"a"}', b'{"custom_id":"b"}']
+    indexed_batch(store, "batch_zz", lines)
+    store.commit_result("batch_zz", 0, b"ran")
+    store.write_finalized("batch_zz", b'{"total": 2}')
+    store.drop_batch_work("batch_zz")
+    try:
+        store.commit_result("batch_zz", 1, b"zombie")
+    except BatchFinalized:
+        pass
+    # Finalized, but its work never dropped (the drop cut short by a crash).
+    indexed_batch(store, "batch_r0", lines)
+    store.commit_result("batch_r0", 0, b"ran")
+    store.write_finalized("batch_r0", b'{"total": 2}')
+    # Running: one's id a prefix of the other's, and of the finalized one's.
+    running = {}
+    for batch_id in ("batch_r", "batch_r00"):
+        indexed_batch(store, batch_id, lines)
+        store.commit_result(batch_id, 1, b"ran")
+        running[batch_id] = store.keys(f"batches/{batch_id}/")
+    out = RetentionActivities(store)._delete_expired(int(time.time()))
+    for batch_id in ("batch_zz", "batch_r0"):
+        assert store.keys(f"batches/{batch_id}/") == [f"batches/{batch_id}/finalized.json"]
+    assert store.read_finalized("batch_r0") == b'{"total": 2}'
+    assert out.finalized_leftovers in (1, 2)  # batch_r0, and batch_zz where kept (S3)
+    for batch_id, keys in running.items():
+        assert store.keys(f"batches/{batch_id}/") == keys
+        assert store.get_result(batch_id, 1) == b"ran"
+    assert store.drop_finalized_leftovers() == 0

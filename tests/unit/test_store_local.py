@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.store import FileStore
+from backfill.store import BatchFinalized, FileStore
 from tests.stores import indexed_batch, upload
 
 
@@ -122,3 +122,33 @@ def test_a_deletion_is_durable_metadata_first(
         ("unlink", f"{file_id}.data"),
         ("fsync", files),
     ]
+
+
+def test_a_finalized_batch_refuses_a_late_line_even_when_finalizing_races_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    work = tmp_path / "batches" / "batch_late"
+    store.commit_result("batch_late", 0, b"ran")
+    store.write_finalized("batch_late", b"{}")
+    store.drop_batch_work("batch_late")
+    with pytest.raises(BatchFinalized):
+        store.commit_result("batch_late", 1, b"zombie")
+    assert sorted(p.name for p in work.iterdir()) == ["finalized.json"]
+
+    # Finalizing writes its record and drops the work after the line's first look, before
+    # its link: the look after the link undoes it, and the directories it made.
+    store.commit_result("batch_race", 0, b"ran")
+    real_link = os.link
+
+    def link(src: str, dst: Path) -> None:
+        if str(dst).endswith("/5.json"):
+            store.write_finalized("batch_race", b"{}")
+            store.drop_batch_work("batch_race")
+            os.makedirs(os.path.dirname(dst), exist_ok=True)  # the line's own mkdir, again
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(BatchFinalized):
+        store.commit_result("batch_race", 5, b"zombie")
+    assert store.keys("batches/batch_race/") == ["batches/batch_race/finalized.json"]
