@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import secrets
 import threading
 import time
 from array import array
@@ -64,6 +65,15 @@ to the same key was in progress): the next try gets 200 or 412."""
 NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
 CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
+
+
+PROBE_KEY = "probe/if-none-match-"
+"""Where `check_conditional_writes` writes (then deletes) its probe, under the prefix."""
+
+
+class UnfitStore(RuntimeError):
+    """The S3 endpoint cannot keep the store's guarantees (it ignores `If-None-Match: *`, or
+    refuses conditional writes): the api and the worker refuse to start with this reason."""
 
 
 def _code(err: ClientError) -> str:
@@ -106,7 +116,42 @@ class S3Store(Store):
             settings.s3_prefix,
             settings.s3_endpoint_url or "(AWS)",
         )
-        return cls(client, settings.s3_bucket, settings.s3_prefix, settings.s3_part_bytes)
+        store = cls(client, settings.s3_bucket, settings.s3_prefix, settings.s3_part_bytes)
+        store.check_conditional_writes()
+        return store
+
+    def check_conditional_writes(self) -> None:
+        """Exactly-once commits rest on `PutObject` with `If-None-Match: *` answering 412 when
+        the key exists; a server that ignores the header overwrites instead, silently. Probe
+        it: the same conditional put twice on a fresh key, the second must be refused. Raises
+        UnfitStore with the reason otherwise (the probe key is deleted either way)."""
+        key = f"{self.prefix}{PROBE_KEY}{secrets.token_hex(8)}"
+        where = f"S3 endpoint {self.client.meta.endpoint_url}, bucket {self.bucket!r}"
+        try:
+            for attempt in ("first", "second"):
+                try:
+                    self.client.put_object(
+                        Bucket=self.bucket, Key=key, Body=b"probe", IfNoneMatch="*"
+                    )
+                except ClientError as err:
+                    if attempt == "second" and _code(err) in PRECONDITION_FAILED:
+                        return  # refused as it must be
+                    raise UnfitStore(
+                        f"{where}: a PutObject with If-None-Match: * ({attempt}, on {key}) "
+                        f"failed with {_code(err) or err}; the file store needs conditional "
+                        "writes (docs/storage.md)"
+                    ) from err
+            raise UnfitStore(
+                f"{where} ignores If-None-Match: * (a second conditional PutObject of {key} "
+                "overwrote it instead of answering 412 PreconditionFailed): per-line results "
+                "would not be committed exactly once. Use a server with conditional writes "
+                "(AWS S3, current MinIO or Ceph RGW; docs/storage.md)"
+            )
+        finally:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            except ClientError as err:  # not worth refusing to start over
+                log.warning("could not delete the store's probe %s: %s", key, _code(err))
 
     # ---- keys and plain object operations ------------------------------------------------------
     def _file_key(self, file_id: str, ext: str) -> str:
