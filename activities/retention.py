@@ -1,4 +1,6 @@
-"""The retention activity: delete files whose `expires_at` has passed.
+"""The retention activity: delete files whose `expires_at` has passed, drop uploads that
+processes died in the middle of (unfinished for `ABANDONED_UPLOAD_SECONDS`), and drop work left
+under finalized batches (`Store.drop_finalized_leftovers`).
 
 A batch's own working data (pinned input, line index, per-line results) is dropped by
 finalizing; an input file expiring under a running batch takes nothing from it, because the
@@ -13,7 +15,7 @@ import time
 from temporalio import activity
 
 from backfill.messages import CleanupInput, CleanupOutput
-from backfill.store import Store
+from backfill.store import ABANDONED_UPLOAD_SECONDS, Store
 
 log = logging.getLogger(__name__)
 
@@ -32,4 +34,10 @@ class RetentionActivities:
             if self.store.delete_file(f.id):
                 out.deleted_files += 1
                 log.info("deleted expired file %s (workspace %s)", f.id, f.workspace)
+        out.abandoned_uploads = self.store.drop_abandoned_uploads(now - ABANDONED_UPLOAD_SECONDS)
+        if out.abandoned_uploads:
+            log.info("dropped %d abandoned uploads", out.abandoned_uploads)
+        out.finalized_leftovers = self.store.drop_finalized_leftovers()
+        if out.finalized_leftovers:
+            log.info("dropped work left under %d finalized batches", out.finalized_leftovers)
         return out

@@ -52,7 +52,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.store = open_store(settings)
-        app.state.usage = UsageJournal(settings.data_dir)
+        app.state.usage = UsageJournal(
+            settings.data_dir, retention_days=settings.usage_retention_days
+        )
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         if client is not None:

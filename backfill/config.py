@@ -261,6 +261,11 @@ class Settings(BaseSettings):
         default=3600, ge=0, validation_alias="BACKFILL_CLEANUP_INTERVAL_SECONDS"
     )
     """How often the retention Schedule deletes expired files (0: workers do not create it)."""
+    usage_retention_days: int = Field(
+        default=400, ge=31, validation_alias="BACKFILL_USAGE_RETENTION_DAYS"
+    )
+    """Usage journal hours older than this are deleted (by every process that journals, at
+    start and hourly); at least 31, the console's longest usage view."""
     limits: Limits = Field(default_factory=Limits)
     models: list[ModelConfig] = Field(default_factory=list)
     api_keys: list[ApiKeyConfig] = Field(default_factory=list)

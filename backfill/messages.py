@@ -303,7 +303,15 @@ class CleanupInput(BaseModel):
 
 
 class CleanupOutput(BaseModel):
+    """What one retention pass removed."""
+
     deleted_files: int = 0
+    """Files past their `expires_at`."""
+    abandoned_uploads: int = 0
+    """Unfinished uploads left by processes that died mid-upload (older than a day)."""
+    finalized_leftovers: int = 0
+    """Finalized batches whose work was found again (a line committed after finalizing, on
+    the S3 store) and dropped."""
 
 
 class FinalizeOutput(BaseModel):

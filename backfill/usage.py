@@ -10,6 +10,10 @@ it in its Prometheus counters (`gateway_usage_*`).
 
 Reading is pure over the files: `read_entries` streams the hours in a range, `hourly_totals`
 sums them per hour x workspace x model x service class.
+
+Retention: with `retention_days` set, the writer thread deletes the files of hours that ended
+more than that long ago (`prune_journal`, every process's files in the directory), when it
+starts and then once an hour. Every hour within the bound is kept whole.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -126,7 +131,9 @@ class UsageJournal:
         process: str | None = None,
         flush_seconds: float = 0.5,
         flush_lines: int = 256,
+        retention_days: int | None = None,
     ) -> None:
+        """`retention_days`: prune hours older than that (`prune_journal`); None keeps all."""
         self.dir = Path(root) / USAGE_DIR
         self.dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         self.process = process or process_name()
@@ -136,6 +143,8 @@ class UsageJournal:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
+        self.retention_days = retention_days
+        self._pruned_hour: int | None = None
         self._thread = threading.Thread(target=self._run, name="usage-journal", daemon=True)
         self._thread.start()
 
@@ -177,6 +186,7 @@ class UsageJournal:
         self.flush()
 
     def _run(self) -> None:
+        self._prune()
         while not self._closed:
             self._wake.wait(self.flush_seconds)
             self._wake.clear()
@@ -184,6 +194,43 @@ class UsageJournal:
                 self.flush()
             except OSError:  # the disk is full or gone: keep serving, say so
                 log.exception("usage journal: could not write")
+            self._prune()
+
+    def _prune(self) -> None:
+        """`prune_journal` once an hour (a new hour is the only time an old one passes out of
+        the bound)."""
+        now = time.time()
+        if self.retention_days is None or self._pruned_hour == int(now) // HOUR:
+            return
+        self._pruned_hour = int(now) // HOUR
+        try:
+            pruned = prune_journal(self.dir.parent, now - self.retention_days * 86400)
+        except OSError:
+            log.exception("usage journal: could not prune")
+            return
+        if pruned:
+            log.info(
+                "usage journal: deleted %d files older than %d days", pruned, self.retention_days
+            )
+
+
+def prune_journal(root: Path, before: float) -> int:
+    """Delete the journal files (every process's) of hours that ended at or before `before`;
+    how many. Several processes sharing the directory may prune at once."""
+    usage_dir = Path(root) / USAGE_DIR
+    if not usage_dir.is_dir():
+        return 0
+    pruned = 0
+    for path in usage_dir.glob("*.jsonl"):
+        hour = _hour_of(path.name.split(".", 1)[0])
+        if hour is None or hour + HOUR > before:
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:  # another process pruned it
+            continue
+        pruned += 1
+    return pruned
 
 
 def read_entries(

@@ -108,7 +108,7 @@ async def running_worker(
         served: list[Callable[..., Any]] = []
         if runs_activities(role):
             store = open_store(settings)
-            usage = UsageJournal(settings.data_dir)
+            usage = UsageJournal(settings.data_dir, retention_days=settings.usage_retention_days)
             stack.callback(usage.close)  # after the worker: its last lines' entries too
             http = await stack.enter_async_context(
                 upstream_client(settings.upstream_keepalive_seconds)

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backfill.store.base import (
+    ABANDONED_UPLOAD_SECONDS,
     CHUNK_BYTES,
     FINALIZED,
+    BatchFinalized,
     FileObject,
     FileTooLarge,
     RouteLines,
@@ -35,7 +37,9 @@ if TYPE_CHECKING:
     from backfill.config import Settings
 
 __all__ = [
+    "ABANDONED_UPLOAD_SECONDS",
     "CHUNK_BYTES",
+    "BatchFinalized",
     "FINALIZED",
     "FileObject",
     "FileStore",

@@ -25,10 +25,20 @@ CHUNK_BYTES = 1 << 20
 """Size of the chunks a file's content is streamed in (`chunks`)."""
 FINALIZED = "finalized.json"
 """The name of a batch's finalized record, the one thing `drop_batch_work` keeps."""
+ABANDONED_UPLOAD_SECONDS = 24 * 3600
+"""An unfinished upload older than this was abandoned by a process that died mid-upload, and
+the retention pass drops it (`Store.drop_abandoned_uploads`). No upload legitimately takes a
+day: the api streams a body as it arrives, finalizing writes its outputs in minutes."""
 
 
 class FileTooLarge(Exception):
     """An upload went past the configured size cap while streaming."""
+
+
+class BatchFinalized(Exception):
+    """A line's result came after its batch was finalized (from a worker that lost its
+    heartbeat, whose line ran again elsewhere): the batch's work is dropped and the result is
+    not kept (`Store.commit_result`)."""
 
 
 class FileObject(BaseModel):
@@ -198,6 +208,14 @@ class Store(ABC):
         `results/<line // 1000>/<line>.json` and `finalized.json`."""
 
     @abstractmethod
+    def drop_abandoned_uploads(self, before: float) -> int:
+        """Drop what unfinished uploads not written since `before` (Unix seconds) hold, as
+        their `abort` would: left behind by a process that died mid-upload, nothing else would
+        ever remove them. Returns how many were dropped. An upload in progress writes as its
+        body arrives, so it is left alone; the retention pass passes `now -
+        ABANDONED_UPLOAD_SECONDS`."""
+
+    @abstractmethod
     def pending_uploads(self) -> dict[str, int]:
         """Uploads begun and neither finished nor aborted (by a name of the store's): the
         bytes each holds in the store so far (a store may hold back the last bytes in memory,
@@ -294,6 +312,13 @@ class Store(ABC):
         them: afterwards the batch's lines read as FileNotFoundError. The uploaded file is the
         user's and stays. Safe to repeat, and on a batch with nothing stored."""
 
+    @abstractmethod
+    def drop_finalized_leftovers(self) -> int:
+        """Drop the work stored under finalized batches (a line committed after finalizing, a
+        `drop_batch_work` cut short), as `drop_batch_work` would, keeping each finalized
+        record; batches not finalized keep everything. Returns how many batches had some.
+        Run by the retention pass."""
+
     # ---- batches: per-line results --------------------------------------------------------------
     @abstractmethod
     def commit_result(self, batch_id: str, line_no: int, record: bytes) -> tuple[bytes, bool]:
@@ -303,7 +328,14 @@ class Store(ABC):
         create-if-absent (`link`, `PutObject` with `If-None-Match: *`) decides. The record is
         whole and durable when a call returns; nothing else is left behind (no temp files).
 
-        Returns (the committed record, True if this call committed it)."""
+        Returns (the committed record, True if this call committed it).
+
+        Once the batch is finalized its results are read no more and its work is dropped
+        (`drop_batch_work`), but a line whose worker lost its heartbeat may still commit. A
+        store either refuses such a commit, raising BatchFinalized and leaving nothing behind
+        (the local store: it looks for the finalized record before and after linking), or
+        keeps it until `drop_finalized_leftovers` removes it (the S3 store: a look per line
+        would be one more request on every line)."""
 
     @abstractmethod
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from backfill.ids import is_batch_id, is_file_id
-from backfill.store.base import FINALIZED, FileObject, Store, Upload
+from backfill.store.base import FINALIZED, BatchFinalized, FileObject, Store, Upload
 
 FILE_MODE = 0o600
 DIR_MODE = 0o750
@@ -89,11 +89,15 @@ class FileStore(Store):
         return open(path, "rb")
 
     def delete_file(self, file_id: str) -> bool:
+        """Each unlink is made durable before the next: a crash never keeps metadata whose
+        content is gone, and a deletion the caller was told about stays deleted."""
         try:
             self._meta_path(file_id).unlink()
         except (KeyError, FileNotFoundError):
             return False
+        _fsync_dir(self._files)
         self._data_path(file_id).unlink(missing_ok=True)
+        _fsync_dir(self._files)
         return True
 
     def keys(self, prefix: str) -> list[str]:
@@ -110,6 +114,21 @@ class FileStore(Store):
             except FileNotFoundError:
                 continue
         return out
+
+    def drop_abandoned_uploads(self, before: float) -> int:
+        """Temp files in `files/` last written before `before`."""
+        dropped = 0
+        for p in self._files.glob(".tmp-*"):
+            try:
+                if p.stat().st_mtime >= before:
+                    continue
+                p.unlink()
+            except FileNotFoundError:  # finished or aborted meanwhile
+                continue
+            dropped += 1
+        if dropped:
+            _fsync_dir(self._files)
+        return dropped
 
     def _temp_path(self) -> Path:
         fd, name = tempfile.mkstemp(dir=self._files, prefix=".tmp-")
@@ -204,18 +223,39 @@ class FileStore(Store):
         return self._batch_dir(batch_id) / "results" / f"{line_no // 1000:05d}" / f"{line_no}.json"
 
     def commit_result(self, batch_id: str, line_no: int, record: bytes) -> tuple[bytes, bool]:
-        """`link` fails if the name exists: the first writer wins."""
+        """`link` fails if the name exists: the first writer wins. A finalized batch refuses:
+        its finalized record is looked for before linking and again after, and a link that
+        finalizing raced past is undone. Finalizing writes its record before dropping the
+        batch's work, so a link is either dropped with the work or seen by the look after."""
+        finalized = self._batch_dir(batch_id) / FINALIZED
+        if finalized.exists():
+            raise BatchFinalized(batch_id)
         path = self._result_path(batch_id, line_no)
-        _mkdir(path.parent)
-        tmp = _write_temp(path.parent, record)
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return path.read_bytes(), False
-        finally:
-            os.unlink(tmp)
-        _fsync_dir(path.parent)
+            committed = _link_first(path, record)
+        except FileNotFoundError:  # the batch's work was dropped meanwhile
+            if finalized.exists():
+                _undo_result(path, mine=False)
+                raise BatchFinalized(batch_id) from None
+            raise
+        if committed is not None:
+            return committed, False
+        if finalized.exists():
+            _undo_result(path, mine=True)
+            raise BatchFinalized(batch_id)
         return record, True
+
+    def drop_finalized_leftovers(self) -> int:
+        dropped = 0
+        with os.scandir(self._batches) as batches:
+            for entry in batches:
+                if not (entry.is_dir() and is_batch_id(entry.name)):
+                    continue
+                names = os.listdir(entry.path)
+                if FINALIZED in names and len(names) > 1:
+                    self.drop_batch_work(entry.name)
+                    dropped += 1
+        return dropped
 
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         try:
@@ -346,6 +386,37 @@ def _write_temp(directory: Path, data: bytes) -> str:
         Path(tmp).unlink(missing_ok=True)
         raise
     return tmp
+
+
+def _link_first(path: Path, record: bytes) -> bytes | None:
+    """Link a durable temp file of `record` as `path` unless it exists: None if linked, else
+    the record there."""
+    _mkdir(path.parent)
+    tmp = _write_temp(path.parent, record)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return path.read_bytes()
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return None
+
+
+def _undo_result(path: Path, *, mine: bool) -> None:
+    """Remove a result committed into a finalized batch (`mine`: this call linked it), and the
+    directories that held only it, durably."""
+    if mine:
+        path.unlink(missing_ok=True)
+    for level in (path.parent, path.parent.parent):  # results/<n>/, results/
+        try:
+            level.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # another line's result is there too: its own commit undoes it
+            _fsync_dir(level)
+            return
+    _fsync_dir(path.parent.parent.parent)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

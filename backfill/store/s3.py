@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import secrets
 import threading
 import time
 from array import array
@@ -64,6 +65,15 @@ to the same key was in progress): the next try gets 200 or 412."""
 NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
 CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
+
+
+PROBE_KEY = "probe/if-none-match-"
+"""Where `check_conditional_writes` writes (then deletes) its probe, under the prefix."""
+
+
+class UnfitStore(RuntimeError):
+    """The S3 endpoint cannot keep the store's guarantees (it ignores `If-None-Match: *`, or
+    refuses conditional writes): the api and the worker refuse to start with this reason."""
 
 
 def _code(err: ClientError) -> str:
@@ -106,7 +116,42 @@ class S3Store(Store):
             settings.s3_prefix,
             settings.s3_endpoint_url or "(AWS)",
         )
-        return cls(client, settings.s3_bucket, settings.s3_prefix, settings.s3_part_bytes)
+        store = cls(client, settings.s3_bucket, settings.s3_prefix, settings.s3_part_bytes)
+        store.check_conditional_writes()
+        return store
+
+    def check_conditional_writes(self) -> None:
+        """Exactly-once commits rest on `PutObject` with `If-None-Match: *` answering 412 when
+        the key exists; a server that ignores the header overwrites instead, silently. Probe
+        it: the same conditional put twice on a fresh key, the second must be refused. Raises
+        UnfitStore with the reason otherwise (the probe key is deleted either way)."""
+        key = f"{self.prefix}{PROBE_KEY}{secrets.token_hex(8)}"
+        where = f"S3 endpoint {self.client.meta.endpoint_url}, bucket {self.bucket!r}"
+        try:
+            for attempt in ("first", "second"):
+                try:
+                    self.client.put_object(
+                        Bucket=self.bucket, Key=key, Body=b"probe", IfNoneMatch="*"
+                    )
+                except ClientError as err:
+                    if attempt == "second" and _code(err) in PRECONDITION_FAILED:
+                        return  # refused as it must be
+                    raise UnfitStore(
+                        f"{where}: a PutObject with If-None-Match: * ({attempt}, on {key}) "
+                        f"failed with {_code(err) or err}; the file store needs conditional "
+                        "writes (docs/storage.md)"
+                    ) from err
+            raise UnfitStore(
+                f"{where} ignores If-None-Match: * (a second conditional PutObject of {key} "
+                "overwrote it instead of answering 412 PreconditionFailed): per-line results "
+                "would not be committed exactly once. Use a server with conditional writes "
+                "(AWS S3, current MinIO or Ceph RGW; docs/storage.md)"
+            )
+        finally:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            except ClientError as err:  # not worth refusing to start over
+                log.warning("could not delete the store's probe %s: %s", key, _code(err))
 
     # ---- keys and plain object operations ------------------------------------------------------
     def _file_key(self, file_id: str, ext: str) -> str:
@@ -241,33 +286,60 @@ class S3Store(Store):
     def keys(self, prefix: str) -> list[str]:
         start = len(self.prefix)
         names = [k[start:] for k in self._list(self.prefix + prefix)]
-        names += [f"{key[start:]}#upload" for key, _ in self._uploads(self.prefix + prefix)]
+        names += [f"{key[start:]}#upload" for key, _, _ in self._uploads(self.prefix + prefix)]
         return sorted(names)
 
-    def _uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """(key, upload id) of every multipart upload begun and not completed nor aborted."""
+    def _uploads(self, prefix: str) -> Iterator[tuple[str, str, float]]:
+        """(key, upload id, when begun) of every multipart upload begun and not completed nor
+        aborted."""
         pages = self.client.get_paginator("list_multipart_uploads").paginate(
             Bucket=self.bucket, Prefix=prefix
         )
         for page in pages:
             for item in page.get("Uploads", []):
-                yield item["Key"], item["UploadId"]
+                yield item["Key"], item["UploadId"], item["Initiated"].timestamp()
 
-    def pending_uploads(self) -> dict[str, int]:
-        out = {}
-        for key, upload_id in self._uploads(f"{self.prefix}files/"):
-            size = 0
+    def _parts(self, key: str, upload_id: str) -> list[dict[str, Any]] | None:
+        """The parts a multipart upload holds so far; None if it is finished or aborted."""
+        parts: list[dict[str, Any]] = []
+        try:
+            pages = self.client.get_paginator("list_parts").paginate(
+                Bucket=self.bucket, Key=key, UploadId=upload_id
+            )
+            for page in pages:
+                parts += page.get("Parts", [])
+        except ClientError as err:
+            if _code(err) != "NoSuchUpload":
+                raise
+            return None
+        return parts
+
+    def drop_abandoned_uploads(self, before: float) -> int:
+        """Multipart uploads neither begun nor given a part since `before` are aborted (an
+        upload smaller than a part is only in the memory of its process, and died with it)."""
+        dropped = 0
+        for key, upload_id, begun in self._uploads(f"{self.prefix}files/"):
+            parts = self._parts(key, upload_id)
+            if parts is None:
+                continue
+            written = max([begun] + [p["LastModified"].timestamp() for p in parts])
+            if written >= before:
+                continue
             try:
-                pages = self.client.get_paginator("list_parts").paginate(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id
-                )
-                for page in pages:
-                    size += sum(p["Size"] for p in page.get("Parts", []))
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             except ClientError as err:
                 if _code(err) != "NoSuchUpload":  # finished or aborted meanwhile
                     raise
                 continue
-            out[f"{key[len(self.prefix) :]}#{upload_id}"] = size
+            dropped += 1
+        return dropped
+
+    def pending_uploads(self) -> dict[str, int]:
+        out = {}
+        for key, upload_id, _ in self._uploads(f"{self.prefix}files/"):
+            parts = self._parts(key, upload_id)
+            if parts is not None:
+                out[f"{key[len(self.prefix) :]}#{upload_id}"] = sum(p["Size"] for p in parts)
         return out
 
     # ---- batches: input and line index ----------------------------------------------------------
@@ -402,11 +474,58 @@ class S3Store(Store):
             for cache_key in [k for k in self._blocks if k[0] == batch_id]:
                 del self._blocks[cache_key]
 
+    def drop_finalized_leftovers(self) -> int:
+        """One listing of `batches/` in key order, where a batch's `finalized.json` comes
+        before its other keys (`index.json`, `input.jsonl`, `lengths.bin`, `offsets.bin`,
+        `results/`, `route-<n>.bin` all sort after it): the keys after it are leftovers,
+        deleted 1,000 a call. A batch whose first key is another is not finalized, and the
+        listing skips its keys (it starts again after `<batch id>0`: no character sorts
+        between `/` and `0`), so a running batch's results cost one listing, not one a
+        thousand keys."""
+        base = f"{self.prefix}batches/"
+        after = ""
+        current, finalized = "", False
+        leftovers: list[str] = []
+        swept: set[str] = set()
+        while True:
+            start = {"StartAfter": after} if after else {}
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=base, **start)
+            contents = page.get("Contents", [])
+            skip_to = None
+            for item in contents:
+                key = item["Key"]
+                batch_id, _, name = key[len(base) :].partition("/")
+                if batch_id != current:
+                    current, finalized = batch_id, name == FINALIZED
+                    if not finalized:
+                        skip_to = f"{base}{batch_id}0"
+                        break
+                elif finalized:
+                    leftovers.append(key)
+                    swept.add(batch_id)
+            if skip_to is not None:
+                after = skip_to
+            elif contents and page.get("IsTruncated"):
+                after = contents[-1]["Key"]
+            else:
+                break
+            if len(leftovers) >= 1000:
+                self._delete_keys(leftovers)
+                leftovers = []
+        self._delete_keys(leftovers)
+        with self._lock:
+            for cache_key in [k for k in self._blocks if k[0] in swept]:
+                del self._blocks[cache_key]
+        return len(swept)
+
     # ---- batches: per-line results --------------------------------------------------------------
     def _result_key(self, batch_id: str, line_no: int) -> str:
         return self._batch_key(batch_id, f"results/{line_no // 1000:05d}/{line_no}.json")
 
     def commit_result(self, batch_id: str, line_no: int, record: bytes) -> tuple[bytes, bool]:
+        """Also under a finalized batch (a line of a worker that lost its heartbeat): looking
+        for the finalized record first would cost every line a request;
+        `drop_finalized_leftovers` removes such a record instead."""
         return self._put_first(self._result_key(batch_id, line_no), record)
 
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:

@@ -1,6 +1,7 @@
 """Retention on the real stack: inputs expire after 30 days unless the upload says otherwise
 (OpenAI's `expires_after`), the Temporal Schedule's cleanup deletes expired files, and a
-finished batch keeps only its output files (its pinned input and per-line results are gone)."""
+finished batch keeps only its output files (its pinned input and per-line results are gone),
+even when a late line commits after finalizing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from backfill.messages import CleanupOutput
+from backfill.store import BatchFinalized
 from tests.conftest import TemporalServer
-from tests.e2e.stack import Stack, jsonl, output_ids, wait_terminal
+from tests.e2e.stack import Stack, jsonl, output_ids, store_kind, wait_terminal
 from worker.retention import schedule_id
 
 pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
@@ -58,6 +61,12 @@ async def test_the_schedule_deletes_expired_files_and_a_finished_batch_keeps_onl
         assert sorted(ids) == sorted(f"req-{i}" for i in range(5))
         store = stack.store()
         assert store.keys(f"batches/{batch.id}/") == [f"batches/{batch.id}/finalized.json"]
+        # A late line (its worker lost its heartbeat) commits after finalizing: the local store
+        # refuses it; on S3 the retention pass below removes it.
+        try:
+            store.commit_result(batch.id, 3, b'{"late": true}')
+        except BatchFinalized:
+            assert store_kind() == "local"
 
         # The input expires (made due here rather than waiting 30 days); the output does not.
         meta = store.get_file(f.id)
@@ -68,9 +77,16 @@ async def test_the_schedule_deletes_expired_files_and_a_finished_batch_keeps_onl
         handle = temporal.get_schedule_handle(schedule_id(stack.task_queue))
         await handle.trigger()
         deadline = time.monotonic() + 60
-        while store.get_file(f.id) is not None:
-            assert time.monotonic() < deadline, "the expired input was never deleted"
+        while not (await handle.describe()).info.recent_actions:
+            assert time.monotonic() < deadline, "the schedule never started its pass"
             await asyncio.sleep(0.2)
+        [action] = (await handle.describe()).info.recent_actions
+        run = temporal.get_workflow_handle(action.action.workflow_id, result_type=CleanupOutput)
+        out = await asyncio.wait_for(run.result(), 60)
+        assert out.deleted_files == 1 and out.abandoned_uploads == 0
+        assert out.finalized_leftovers == (1 if store_kind() == "s3" else 0)
+        assert store.get_file(f.id) is None
+        assert store.keys(f"batches/{batch.id}/") == [f"batches/{batch.id}/finalized.json"]
         with pytest.raises(openai.NotFoundError):
             await client.files.retrieve(f.id)
         assert done.output_file_id is not None

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
+from temporalio.service import RPCError, RPCStatusCode
 
 from api import admin, batches, files
 from api.app import create_app
@@ -29,12 +30,23 @@ KEY = "sk-unit"
 ROUTE_PREFIXES = ("/v1/", "/api/v1/")
 
 
+class _NoWorkflows:
+    """A Temporal client with no workflow at all: every query is NOT_FOUND (the admission
+    workflow of a workspace that never created a batch)."""
+
+    def get_workflow_handle_for(self, *args: object, **kwargs: object) -> _NoWorkflows:
+        return self
+
+    async def query(self, *args: object, **kwargs: object) -> None:
+        raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+
+
 def build_app(data_dir: Path) -> FastAPI:
     settings = Settings(
         data_dir=data_dir,
         api_keys=[ApiKeyConfig(sha256=hash_key(KEY), workspace="unit", name="unit")],
     )
-    return create_app(settings, client=object())  # type: ignore[arg-type]
+    return create_app(settings, client=_NoWorkflows())  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

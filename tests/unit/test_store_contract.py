@@ -7,11 +7,20 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from backfill.store import FileStore, FileTooLarge, Store, chunks
+from activities.retention import RetentionActivities
+from backfill.store import (
+    ABANDONED_UPLOAD_SECONDS,
+    BatchFinalized,
+    FileStore,
+    FileTooLarge,
+    Store,
+    chunks,
+)
 from tests.stores import PART, index, indexed_batch, upload
 
 STORES = ["local", "s3"]
@@ -83,6 +92,24 @@ def test_an_upload_is_pending_until_finished_and_visible_only_then(store: Store)
     assert store.read_file(obj.id) == b"a" * (2 * PART) + b"b"
     up.abort()  # after finish: nothing to abort, the file stays
     assert store.get_file(obj.id) == obj
+
+
+def test_an_upload_its_process_abandoned_is_dropped_by_the_retention_pass(store: Store) -> None:
+    kept = upload(store, b"kept")
+    up = store.begin_upload(1 << 30)
+    up.write(b"a" * (PART + 1))  # on S3, one part sent: a multipart upload begun
+    # Its process dies here: nobody finishes nor aborts the upload.
+    assert len(store.pending_uploads()) == 1
+    retention = RetentionActivities(store)
+    assert retention._delete_expired(int(time.time())).abandoned_uploads == 0  # not a day old
+    assert len(store.pending_uploads()) == 1
+    a_day_on = int(time.time()) + ABANDONED_UPLOAD_SECONDS + 1
+    assert retention._delete_expired(a_day_on).abandoned_uploads == 1
+    assert store.pending_uploads() == {}
+    assert store.keys("files/") == [f"files/{kept}.data", f"files/{kept}.json"]
+    assert store.read_file(kept) == b"kept"
+    assert store.drop_abandoned_uploads(time.time() + 1) == 0  # nothing more to drop
+    up.abort()  # the dead process's handle, had it lived: harmless
 
 
 def test_a_multipart_sized_upload_round_trips(store: Store) -> None:
@@ -252,3 +279,38 @@ def test_a_dropped_batch_reads_no_lines_even_through_what_the_store_keeps(store:
         store.read_line("batch_d", file_id, 0)
     with pytest.raises(FileNotFoundError):
         store.index_total("batch_d")
+
+
+def test_a_line_committed_after_its_batch_was_finalized_is_not_kept(store: Store) -> None:
+    """A zombie line: its worker lost its heartbeat, the line ran again elsewhere, the batch was
+    finalized and its work dropped, then the zombie commits. A store refuses it (local) or the
+    retention pass drops it (S3); either way the batch keeps only its finalized record. Batches
+    still running keep their work, whatever sorts next to them."""
+    lines = [b'{"custom_id":"a"}', b'{"custom_id":"b"}']
+    indexed_batch(store, "batch_zz", lines)
+    store.commit_result("batch_zz", 0, b"ran")
+    store.write_finalized("batch_zz", b'{"total": 2}')
+    store.drop_batch_work("batch_zz")
+    try:
+        store.commit_result("batch_zz", 1, b"zombie")
+    except BatchFinalized:
+        pass
+    # Finalized, but its work never dropped (the drop cut short by a crash).
+    indexed_batch(store, "batch_r0", lines)
+    store.commit_result("batch_r0", 0, b"ran")
+    store.write_finalized("batch_r0", b'{"total": 2}')
+    # Running: one's id a prefix of the other's, and of the finalized one's.
+    running = {}
+    for batch_id in ("batch_r", "batch_r00"):
+        indexed_batch(store, batch_id, lines)
+        store.commit_result(batch_id, 1, b"ran")
+        running[batch_id] = store.keys(f"batches/{batch_id}/")
+    out = RetentionActivities(store)._delete_expired(int(time.time()))
+    for batch_id in ("batch_zz", "batch_r0"):
+        assert store.keys(f"batches/{batch_id}/") == [f"batches/{batch_id}/finalized.json"]
+    assert store.read_finalized("batch_r0") == b'{"total": 2}'
+    assert out.finalized_leftovers in (1, 2)  # batch_r0, and batch_zz where kept (S3)
+    for batch_id, keys in running.items():
+        assert store.keys(f"batches/{batch_id}/") == keys
+        assert store.get_result(batch_id, 1) == b"ran"
+    assert store.drop_finalized_leftovers() == 0

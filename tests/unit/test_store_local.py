@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.store import FileStore
+from backfill.store import BatchFinalized, FileStore
 from tests.stores import indexed_batch, upload
 
 
@@ -91,3 +91,64 @@ def test_lines_are_read_through_a_bounded_set_of_kept_handles(
     # the first batch's handles were let go; its lines are read again all the same
     assert store.read_line("batch_b0", batches["batch_b0"], 1) == b'{"custom_id":"0-1"}'
     assert open_fds() - before <= 6
+
+
+def test_a_deletion_is_durable_metadata_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata's unlink reaches the disk before the content's goes (a crash between never
+    keeps a file whose content is gone), and the content's before `delete_file` returns."""
+    store = FileStore(tmp_path)
+    file_id = upload(store, b"x\n")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_unlink = os.fsync, os.unlink
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def unlink(path: str | os.PathLike[str], **kw: object) -> None:
+        events.append(("unlink", os.path.basename(path)))
+        real_unlink(path, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert store.delete_file(file_id)
+    files = str(tmp_path / "files")
+    assert events == [
+        ("unlink", f"{file_id}.json"),
+        ("fsync", files),
+        ("unlink", f"{file_id}.data"),
+        ("fsync", files),
+    ]
+
+
+def test_a_finalized_batch_refuses_a_late_line_even_when_finalizing_races_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    work = tmp_path / "batches" / "batch_late"
+    store.commit_result("batch_late", 0, b"ran")
+    store.write_finalized("batch_late", b"{}")
+    store.drop_batch_work("batch_late")
+    with pytest.raises(BatchFinalized):
+        store.commit_result("batch_late", 1, b"zombie")
+    assert sorted(p.name for p in work.iterdir()) == ["finalized.json"]
+
+    # Finalizing writes its record and drops the work after the line's first look, before
+    # its link: the look after the link undoes it, and the directories it made.
+    store.commit_result("batch_race", 0, b"ran")
+    real_link = os.link
+
+    def link(src: str, dst: Path) -> None:
+        if str(dst).endswith("/5.json"):
+            store.write_finalized("batch_race", b"{}")
+            store.drop_batch_work("batch_race")
+            os.makedirs(os.path.dirname(dst), exist_ok=True)  # the line's own mkdir, again
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(BatchFinalized):
+        store.commit_result("batch_race", 5, b"zombie")
+    assert store.keys("batches/batch_race/") == ["batches/batch_race/finalized.json"]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from backfill.config import Settings
 from backfill.store import FileStore, open_store
-from backfill.store.s3 import S3Store
+from backfill.store.s3 import PROBE_KEY, S3Store, UnfitStore
 from tests.s3server import BUCKET, CREDENTIALS
 from tests.stores import PART, indexed_batch, recorded, upload
 
@@ -132,3 +135,51 @@ def test_open_store_picks_the_configured_store(
 def test_s3_needs_a_bucket() -> None:
     with pytest.raises(ValueError, match="BACKFILL_S3_BUCKET"):
         Settings(store="s3")
+
+
+def test_the_endpoint_is_checked_for_conditional_writes(s3: S3Store) -> None:
+    s3.check_conditional_writes()  # moto answers the second conditional put with 412
+    assert s3.keys("") == []  # the probe is gone
+
+
+class StubS3:
+    """An S3 client for the refusals: puts answer `answer` (None: 200, whatever the headers,
+    as a server ignoring If-None-Match does); every key put and deleted is recorded."""
+
+    class meta:
+        endpoint_url = "http://stub.invalid"
+
+    def __init__(self, answer: str | None = None) -> None:
+        self.answer = answer
+        self.puts: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+
+    def put_object(self, **params: Any) -> dict[str, Any]:
+        self.puts.append(params)
+        if self.answer is not None:
+            error = {"Error": {"Code": self.answer, "Message": "stub"}}
+            raise ClientError(error, "PutObject")  # type: ignore[arg-type]
+        return {}
+
+    def delete_object(self, **params: Any) -> dict[str, Any]:
+        self.deleted.append(params["Key"])
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [(None, "ignores If-None-Match"), ("NotImplemented", "failed with NotImplemented")],
+    ids=["ignored", "refused"],
+)
+def test_an_endpoint_without_conditional_writes_is_refused_at_start(
+    answer: str | None, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`open_store` (the api's and the worker's start) refuses, saying why."""
+    stub = StubS3(answer)
+    monkeypatch.setattr(boto3.session.Session, "client", lambda *a, **kw: stub)
+    settings = Settings(data_dir=tmp_path, store="s3", s3_bucket="b", s3_prefix="p/")
+    with pytest.raises(UnfitStore, match=reason):
+        open_store(settings)
+    assert stub.puts and all(p["IfNoneMatch"] == "*" for p in stub.puts)
+    assert stub.deleted == [stub.puts[0]["Key"]]
+    assert stub.deleted[0].startswith(f"p/{PROBE_KEY}")

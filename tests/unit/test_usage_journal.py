@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from backfill.usage import (
     UsageTotal,
     hour_name,
     hourly_totals,
+    prune_journal,
     read_entries,
 )
 from tests.unit.test_run_line import BATCH, OK_BODY, line, make, run
@@ -190,3 +192,29 @@ def test_a_field_added_by_a_newer_writer_does_not_hide_the_entry(tmp_path: Path)
     newer = {**json.loads(entry(T0 + 1).to_line()), "cached_tokens": 4}
     (tmp_path / USAGE_DIR / f"{hour_name(T0)}.p9.jsonl").write_text(json.dumps(newer) + "\n")
     assert list(read_entries(tmp_path)) == [entry(T0 + 1)]
+
+
+def test_hours_past_the_retention_bound_are_pruned_and_every_hour_within_it_kept(
+    tmp_path: Path,
+) -> None:
+    """By every journaling process, when it starts (and hourly): the files of hours that ended
+    more than `retention_days` ago go, whichever process wrote them; the usage API's totals of
+    every hour within the bound stay whole."""
+    day = 24 * HOUR
+    this_hour = int(time.time()) // HOUR * HOUR
+    hours = [this_hour - 401 * day, this_hour - 399 * day, this_hour]
+    old = UsageJournal(tmp_path, process="old", flush_seconds=60)
+    for hour in hours:
+        old.record(entry(hour + 1))
+    old.close()
+    journal = UsageJournal(tmp_path, process="new", flush_seconds=60, retention_days=400)
+    journal.close()  # its thread pruned first
+    assert sorted(p.name for p in (tmp_path / USAGE_DIR).iterdir()) == [
+        f"{hour_name(h)}.old.jsonl" for h in hours[1:]
+    ]
+    assert [t.hour for t in hourly_totals(read_entries(tmp_path))] == hours[1:]
+    # An hour goes once it has wholly ended before the bound, not before.
+    kept = hours[1]
+    assert prune_journal(tmp_path, kept + HOUR - 1) == 0
+    assert prune_journal(tmp_path, kept + HOUR) == 1
+    assert [t.hour for t in hourly_totals(read_entries(tmp_path))] == [this_hour]
