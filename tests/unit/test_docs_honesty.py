@@ -331,3 +331,35 @@ def test_the_input_codes_listed_are_the_validators() -> None:
 def test_every_wait_reason_is_in_the_operator_guide(reason: WaitReason) -> None:
     reasons = {cells[0] for cells in table_rows(doc("operator-guide.md"))}
     assert f"`{reason.value}`" in reasons, f"{reason.value!r} is not in the reasons table"
+
+
+# ---- Links ----
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file."""
+    found = set()
+    for line in path.read_text().splitlines():
+        m = re.match(r"#+ (.*)", line)
+        if m:
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower().replace("`", ""))
+            found.add(text.replace(" ", "-"))
+    return found
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_reaches_its_file_and_heading(page: Path) -> None:
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        assert dest.exists(), f"{page.relative_to(ROOT)}: {target} names no file"
+        if anchor and dest.suffix == ".md":
+            assert anchor in anchors(dest), f"{page.relative_to(ROOT)}: {target}: no such heading"
