@@ -20,7 +20,6 @@ from api.history_view import QUICK_QUERY, started_input_and_updates
 from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
-    ScheduledBatch,
     SchedulingStatus,
     error_responses,
 )
@@ -76,7 +75,7 @@ async def _document(
             reason_detail=status.reason_detail,
             backoff_until=int(status.backoff_until) if status.backoff_until else None,
             server_load=reading.model_dump() if reading is not None else None,
-            batches=[ScheduledBatch.model_validate(b.model_dump()) for b in status.batches],
+            batches=status.batches,
         ),
     )
 

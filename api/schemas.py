@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.jobs import Job
-from backfill.messages import RouteSettings
+from backfill.messages import BatchStatusEntry, RouteSettings
 from backfill.store import FileObject as StoredFile
 
 MAX_METADATA_PAIRS = 16
@@ -184,24 +184,6 @@ class BatchList(BaseModel):
 # ---- management API: batch scheduling ----------------------------------------------------------
 
 
-class ScheduledBatch(BaseModel):
-    """One batch as the route's scheduler sees it."""
-
-    model_config = _Output
-
-    batch_id: str
-    workspace: str
-    wanted: int
-    """Lines the batch could run now on this route."""
-    allotment: int
-    """Lines it may run (the scheduler's last decision)."""
-    held: int
-    """Slots counted as used by it (the old allotment until a shrink is acknowledged)."""
-    queue_position: int | None = None
-    reason: str | None = None
-    """Why its lines wait, when they do."""
-
-
 class SchedulingStatus(BaseModel):
     model_config = _Output
 
@@ -223,7 +205,7 @@ class SchedulingStatus(BaseModel):
     """While rate limited: when the back-off ends (unix seconds)."""
     server_load: dict[str, Any] | None = None
     """The server load signal's last reading (null while the signal is off)."""
-    batches: list[ScheduledBatch]
+    batches: list[BatchStatusEntry]
     stale: bool = False
     """True when the scheduler could not answer just now (no worker running): the settings are
     Temporal's record of them (its input and the updates it accepted), the counts are unknown
@@ -286,7 +268,6 @@ __all__ = [
     "FileObject",
     "Job",
     "JobList",
-    "ScheduledBatch",
     "SchedulingStatus",
     "error_responses",
 ]

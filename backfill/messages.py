@@ -144,13 +144,24 @@ class SchedulerInput(BaseModel):
 
 
 class BatchStatusEntry(BaseModel):
+    """One batch as the route's scheduler sees it (in its `status` query and the management
+    API's `status.batches`)."""
+
+    model_config = ConfigDict(
+        json_schema_serialization_defaults_required=True, use_attribute_docstrings=True
+    )
+
     batch_id: str
     workspace: str
     wanted: int
+    """Lines the batch could run now on this route."""
     allotment: int
+    """Lines it may run (the scheduler's last decision)."""
     held: int
+    """Slots counted as used by it (the old allotment until a shrink is acknowledged)."""
     queue_position: int | None = None
     reason: str | None = None
+    """Why its lines wait, when they do."""
 
 
 class SchedulerStatus(BaseModel):
