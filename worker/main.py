@@ -22,6 +22,7 @@ from activities.lines import LineActivities
 from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -37,6 +38,7 @@ from worker.upstream import upstream_client
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEndpointsWorkflow, WebhookEventWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ def activities(
     lines = LineActivities(settings, store, http, usage)
     control = ControlActivities(settings, client)
     load = ServerLoadActivities(ServerLoadReader(configured_bases(settings)), client)
+    webhooks = WebhookActivities(settings, client)
     return [
         ValidationActivities(settings, store).validate_input,
         lines.run_line,
@@ -65,10 +68,18 @@ def activities(
         control.find_closed_batches,
         RetentionActivities(store).delete_expired_files,
         load.watch_server_load,
+        webhooks.plan_webhook_event,
+        webhooks.deliver_webhook,
     ]
 
 
-WORKFLOWS = [BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow]
+WORKFLOWS = [
+    BatchWorkflow,
+    RouteSchedulerWorkflow,
+    RetentionWorkflow,
+    WebhookEndpointsWorkflow,
+    WebhookEventWorkflow,
+]
 """Every workflow a worker runs (role `all` or `workflows`)."""
 ROLE_NAMES: dict[WorkerRole, str] = {
     "all": "workflows and activities",

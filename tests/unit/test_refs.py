@@ -11,6 +11,7 @@ from temporalio import workflow
 from backfill import refs
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEndpointsWorkflow, WebhookEventWorkflow
 
 
 def _shape(cls: type) -> dict[str, Any]:
@@ -39,6 +40,8 @@ def _shape(cls: type) -> dict[str, Any]:
     [
         (refs.BatchWorkflow, BatchWorkflow),
         (refs.RouteSchedulerWorkflow, RouteSchedulerWorkflow),
+        (refs.WebhookEndpointsWorkflow, WebhookEndpointsWorkflow),
+        (refs.WebhookEventWorkflow, WebhookEventWorkflow),
     ],
 )
 def test_ref_matches_the_workflow(ref: type, real: type) -> None:
