@@ -12,7 +12,18 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import admin, admin_batches, admin_usage, batches, console, errors, files, health, proxy
+from api import (
+    admin,
+    admin_batches,
+    admin_usage,
+    batches,
+    console,
+    errors,
+    files,
+    health,
+    proxy,
+    webhooks,
+)
 from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
@@ -88,6 +99,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(admin_batches.router)
     app.include_router(admin_usage.router)
+    app.include_router(webhooks.router)
     console.install(app)  # /console: the web console (not in the OpenAPI schema)
     return app
 

@@ -37,6 +37,9 @@ SECRET_PREFIX = "whsec_"
 MAX_URL_LENGTH = 2048
 MAX_ENDPOINTS = 10
 """Endpoints per workspace (made through the api; configured ones are not counted)."""
+DELIVERIES_MEMO = "webhook_deliveries"
+"""Memo key of an event workflow's `EventDeliveries` (JSON), updated after each attempt: the api
+reads delivery logs from visibility, without a worker."""
 LOG_ATTEMPTS = 10
 """Attempts kept per endpoint in an event's delivery log (the latest ones)."""
 

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from backfill.batches import Batch
     from backfill.lifecycle import STAMPS
     from backfill.webhooks import (
+        DELIVERIES_MEMO,
         MAX_ENDPOINTS,
         AttemptInput,
         AttemptOutcome,
@@ -51,8 +52,6 @@ with workflow.unsafe.imports_passed_through():
         next_attempt_at,
     )
 
-DELIVERIES_MEMO = "webhook_deliveries"
-"""Memo key of an event's `EventDeliveries` (JSON), updated after each attempt."""
 ATTEMPT_GRACE = timedelta(seconds=5)
 """Beyond the attempt's own deadline before its activity counts as lost (its worker died)."""
 
