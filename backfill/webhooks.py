@@ -209,6 +209,9 @@ class EventInput(BaseModel):
 
     event: WebhookEvent
     workspace: str
+    indexed: bool = True
+    """Set the workspace and time search attributes (so the api lists it); False where the
+    namespace lacks them (the time-skipping test server), as the announcing batch knows."""
 
 
 class AttemptInput(BaseModel):

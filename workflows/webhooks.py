@@ -138,12 +138,13 @@ class WebhookEventWorkflow:
         if not plan.targets:
             return self._d
         self._d.targets = [TargetLog(endpoint_id=t.endpoint_id, url=t.url) for t in plan.targets]
-        workflow.upsert_search_attributes(
-            [
-                sa.WORKSPACE.value_set(input.workspace),
-                sa.CREATED_AT.value_set(input.event.created_at),
-            ]
-        )
+        if input.indexed:
+            workflow.upsert_search_attributes(
+                [
+                    sa.WORKSPACE.value_set(input.workspace),
+                    sa.CREATED_AT.value_set(input.event.created_at),
+                ]
+            )
         self._show()
         await asyncio.gather(
             *(
@@ -217,7 +218,11 @@ async def announce(batch: Batch, workspace: str) -> None:
     try:
         await workflow.start_child_workflow(
             WebhookEventWorkflow.run,
-            EventInput(event=event, workspace=workspace),
+            EventInput(
+                event=event,
+                workspace=workspace,
+                indexed=workflow.info().typed_search_attributes.get(sa.WORKSPACE) is not None,
+            ),
             id=event_workflow_id(event.id),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
