@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
@@ -47,6 +48,7 @@ from backfill.store import FileStore
 from tests.conftest import TemporalServer
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEventWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -197,13 +199,14 @@ async def harness(dev_server: TemporalServer, tmp_path: Path) -> AsyncIterator[H
     async with Worker(
         client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow, WebhookEventWorkflow],
         activities=[
             h.validate_input,
             h.run_line,
             h.finalize_batch,
             h.report_demand,
             h.find_closed_batches,
+            WebhookActivities(h.settings, client).plan_webhook_event,
         ],
     ):
         try:

@@ -24,6 +24,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.batches import Batch
 from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.messages import BatchInput
@@ -32,6 +33,7 @@ from tests.workflows.test_expiry import Harness, harness_worker
 from workflows import patches, run_length
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEventWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -129,13 +131,14 @@ def unsandboxed_worker(h: Harness) -> Worker:
     return Worker(
         h.client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow, WebhookEventWorkflow],
         activities=[
             ValidationActivities(h.settings, h.store).validate_input,
             h.run_line,
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
+            WebhookActivities(h.settings, h.client).plan_webhook_event,
         ],
         workflow_runner=UnsandboxedWorkflowRunner(),
     )

@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.config import Settings
 from backfill.dev.devserver import test_server_path
 from backfill.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
@@ -37,6 +38,7 @@ from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEventWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -118,13 +120,15 @@ async def harness_worker(
     async with Worker(
         h.client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow, *workflows],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow, WebhookEventWorkflow, *workflows],
         activities=[
             ValidationActivities(h.settings, h.store).validate_input,
             run_line,
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
+            # a batch's end announces its webhook event: no endpoint here, nothing to deliver
+            WebhookActivities(h.settings, h.client).plan_webhook_event,
         ],
     ) as worker:
         yield worker
