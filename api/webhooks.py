@@ -104,13 +104,13 @@ class WebhookDeliveryList(BaseModel):
     data: list[EventDeliveries]
 
 
-def _reader(workspace: Workspace, identity: IdentityDep) -> Identity:
+def may_read(workspace: Workspace, identity: IdentityDep) -> Identity:
     if not identity.can_see(workspace):
         raise NotFound(f"No such workspace: {workspace}", param="workspace")
     return identity
 
 
-def _admin(identity: Annotated[Identity, Depends(_reader)]) -> Identity:
+def _admin(identity: Annotated[Identity, Depends(may_read)]) -> Identity:
     if identity.role != "platform_admin":
         raise Forbidden(
             "Webhook endpoints are made by a platform admin key.", code="insufficient_role"
@@ -118,7 +118,7 @@ def _admin(identity: Annotated[Identity, Depends(_reader)]) -> Identity:
     return identity
 
 
-Reader = Annotated[Identity, Depends(_reader)]
+Reader = Annotated[Identity, Depends(may_read)]
 Admin = Annotated[Identity, Depends(_admin)]
 
 
