@@ -1,6 +1,6 @@
-"""Webhook activities: find where an event goes (`plan_webhook_event`) and make one delivery
-attempt (`deliver_webhook`). Secrets are computed here, from the environment, at each attempt:
-never an input, an output or a log line.
+"""Webhook activities: hand a batch's event to its delivery workflow (`announce_webhook_event`)
+and make one delivery attempt (`deliver_webhook`). Secrets are computed here, from the
+environment, at each attempt: never an input, an output or a log line.
 
 A delivery attempt is one POST with no retry (the workflow retries, on its schedule): the URL's
 host is resolved once and every address checked against the destination policy
@@ -20,22 +20,33 @@ import time
 import httpcore
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from backfill import refs
+from backfill import search_attributes as sa
 from backfill.config import Settings
 from backfill.load_reader import PinnedBackend, Resolver, resolve_host
 from backfill.webhooks import (
+    AnnounceInput,
+    AnnounceOutput,
     AttemptInput,
     AttemptOutcome,
     DeliveryPlan,
-    PlanInput,
+    EventInput,
+    EventType,
     RetryPlan,
     WebhookEndpoint,
     WebhookTarget,
     check_url,
     derive_secret,
     endpoints_workflow_id,
+    event_workflow_id,
     refusal,
     signed_headers,
 )
@@ -56,7 +67,32 @@ class WebhookActivities:
         self._resolve = resolve
 
     @activity.defn
-    async def plan_webhook_event(self, input: PlanInput) -> DeliveryPlan:
+    async def announce_webhook_event(self, input: AnnounceInput) -> AnnounceOutput:
+        """Start the event's `WebhookEventWorkflow` with where it goes, unless no endpoint is
+        subscribed to it. Never twice for one event: its workflow id is the event's and reusing
+        it is refused, also after the first ended (a second announce is a no-op)."""
+        plan = await self._plan(input.workspace, input.event.type)
+        if not plan.targets:
+            return AnnounceOutput(targets=0)
+        try:
+            await self.client.start_workflow(
+                refs.WebhookEventWorkflow.run,
+                EventInput(event=input.event, workspace=input.workspace, plan=plan),
+                id=event_workflow_id(input.event.id),
+                task_queue=self.settings.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(sa.WORKSPACE, input.workspace),
+                        SearchAttributePair(sa.CREATED_AT, input.event.created_at),
+                    ]
+                ),
+            )
+        except WorkflowAlreadyStartedError:
+            activity.logger.info("webhook event %s was already announced", input.event.id)
+        return AnnounceOutput(targets=len(plan.targets))
+
+    async def _plan(self, workspace: str, type: EventType) -> DeliveryPlan:
         """The workspace's endpoints subscribed to the event (configured, then made through
         the api) and the configured retry schedule."""
         s = self.settings
@@ -70,16 +106,16 @@ class WebhookActivities:
                 source="config",
             )
             for w in s.webhooks
-            if w.workspace == input.workspace
+            if w.workspace == workspace
         ]
-        endpoints = configured + await self._api_endpoints(input.workspace)
+        endpoints = configured + await self._api_endpoints(workspace)
         return DeliveryPlan(
             targets=[
                 WebhookTarget(
                     endpoint_id=e.id, url=e.url, rotation=e.rotation, secret_env=e.secret_env
                 )
                 for e in endpoints
-                if input.type in e.event_types
+                if type in e.event_types
             ],
             retry=RetryPlan(
                 initial_seconds=s.webhook_retry_initial_seconds,

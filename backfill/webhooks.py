@@ -190,11 +190,6 @@ class WebhookTarget(BaseModel):
     secret_env: str | None = None
 
 
-class PlanInput(BaseModel):
-    workspace: str
-    type: EventType
-
-
 class DeliveryPlan(BaseModel):
     """Where an event goes and how hard to try (read from the config and the endpoints when the
     event is raised)."""
@@ -204,14 +199,24 @@ class DeliveryPlan(BaseModel):
     attempt_timeout_seconds: float = 10.0
 
 
+class AnnounceInput(BaseModel):
+    """A batch's terminal event, to be delivered to its workspace's subscribed endpoints."""
+
+    event: WebhookEvent
+    workspace: str
+
+
+class AnnounceOutput(BaseModel):
+    targets: int
+    """Endpoints the event goes to (0: no delivery workflow was started)."""
+
+
 class EventInput(BaseModel):
     """WebhookEventWorkflow's input (workflow id: `event_workflow_id`)."""
 
     event: WebhookEvent
     workspace: str
-    indexed: bool = True
-    """Set the workspace and time search attributes (so the api lists it); False where the
-    namespace lacks them (the time-skipping test server), as the announcing batch knows."""
+    plan: DeliveryPlan
 
 
 class AttemptInput(BaseModel):

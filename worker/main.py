@@ -68,7 +68,7 @@ def activities(
         control.find_closed_batches,
         RetentionActivities(store).delete_expired_files,
         load.watch_server_load,
-        webhooks.plan_webhook_event,
+        webhooks.announce_webhook_event,
         webhooks.deliver_webhook,
     ]
 

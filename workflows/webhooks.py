@@ -3,13 +3,13 @@
 - `WebhookEndpointsWorkflow`, one per workspace: its endpoints made through the api (URL, event
   types, name, rotation count; never a secret, which is derived). Changed by updates, read by a
   query; it runs until Temporal suggests continuing as new.
-- `WebhookEventWorkflow`, one per event (id from the event id, so starting it twice is
-  harmless): finds the endpoints subscribed to the event, then delivers to each until it
-  answers 2xx, with the configured back-off for up to 72 h. Its delivery log (last attempts,
-  their status or error, the next retry) is its query, its result and its memo, which the api
-  reads without a worker.
-- `announce`: how a batch that reached a terminal status starts its event's workflow, abandoned
-  to run on its own, so a receiver never delays the batch.
+- `WebhookEventWorkflow`, one per event with somewhere to go (id from the event id, so starting
+  it twice is harmless), started by the `announce_webhook_event` activity with the endpoints
+  subscribed to the event: delivers to each until it answers 2xx, with the configured back-off
+  for up to 72 h. Its delivery log (last attempts, their status or error, the next retry) is its
+  query, its result and its memo, which the api reads without a worker.
+- `announce`: how a batch that reached a terminal status hands its event over. The event
+  workflow is not the batch's child: it runs on its own, so a receiver never delays the batch.
 
 Timing decisions (`next_attempt_at`) are in `backfill.webhooks`; all I/O is in
 `activities.webhooks`.
@@ -22,17 +22,17 @@ import math
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.webhooks import WebhookActivities
-    from backfill import search_attributes as sa
     from backfill.batches import Batch
     from backfill.lifecycle import STAMPS
     from backfill.webhooks import (
         DELIVERIES_MEMO,
         MAX_ENDPOINTS,
+        AnnounceInput,
         AttemptInput,
         AttemptOutcome,
         AttemptRecord,
@@ -42,16 +42,16 @@ with workflow.unsafe.imports_passed_through():
         EndpointsInput,
         EventDeliveries,
         EventInput,
-        PlanInput,
         TargetLog,
         WebhookEndpoint,
         WebhookEvent,
         WebhookTarget,
         event_type_for,
-        event_workflow_id,
         next_attempt_at,
     )
 
+ANNOUNCE_FOR = timedelta(hours=1)
+"""How long a batch keeps trying to hand its event over before it closes without it."""
 ATTEMPT_GRACE = timedelta(seconds=5)
 """Beyond the attempt's own deadline before its activity counts as lost (its worker died)."""
 
@@ -129,22 +129,8 @@ class WebhookEventWorkflow:
 
     @workflow.run
     async def run(self, input: EventInput) -> EventDeliveries:
-        plan = await workflow.execute_activity_method(
-            WebhookActivities.plan_webhook_event,
-            PlanInput(workspace=input.workspace, type=input.event.type),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_interval=timedelta(minutes=1)),
-        )
-        if not plan.targets:
-            return self._d
+        plan = input.plan
         self._d.targets = [TargetLog(endpoint_id=t.endpoint_id, url=t.url) for t in plan.targets]
-        if input.indexed:
-            workflow.upsert_search_attributes(
-                [
-                    sa.WORKSPACE.value_set(input.workspace),
-                    sa.CREATED_AT.value_set(input.event.created_at),
-                ]
-            )
         self._show()
         await asyncio.gather(
             *(
@@ -207,25 +193,21 @@ class WebhookEventWorkflow:
 
 
 async def announce(batch: Batch, workspace: str) -> None:
-    """Start the workflow delivering the event of the batch's terminal status, abandoned (it
-    outlives the batch) and never twice for one event (its id is the event's; a second start,
-    even after the first ended, is refused and ignored)."""
+    """Hand the event of the batch's terminal status to its delivery workflow
+    (`announce_webhook_event`: one short call to Temporal, retried for up to an hour; after
+    that the batch closes without its event, logged)."""
     type = event_type_for(batch.status)
     if type is None:
         return
     at = getattr(batch, STAMPS[batch.status]) or int(workflow.now().timestamp())
     event = WebhookEvent.for_batch(batch.id, type, at)
     try:
-        await workflow.start_child_workflow(
-            WebhookEventWorkflow.run,
-            EventInput(
-                event=event,
-                workspace=workspace,
-                indexed=workflow.info().typed_search_attributes.get(sa.WORKSPACE) is not None,
-            ),
-            id=event_workflow_id(event.id),
-            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        await workflow.execute_activity_method(
+            WebhookActivities.announce_webhook_event,
+            AnnounceInput(event=event, workspace=workspace),
+            start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_close_timeout=ANNOUNCE_FOR,
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
         )
-    except WorkflowAlreadyStartedError:
-        workflow.logger.info("webhook event %s was already announced", event.id)
+    except ActivityError as err:
+        workflow.logger.error("webhook event %s not announced: %s", event.id, err.cause or err)

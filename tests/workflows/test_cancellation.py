@@ -48,7 +48,6 @@ from backfill.store import FileStore
 from tests.conftest import TemporalServer
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
-from workflows.webhooks import WebhookEventWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -199,14 +198,15 @@ async def harness(dev_server: TemporalServer, tmp_path: Path) -> AsyncIterator[H
     async with Worker(
         client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow, WebhookEventWorkflow],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
         activities=[
             h.validate_input,
             h.run_line,
             h.finalize_batch,
             h.report_demand,
             h.find_closed_batches,
-            WebhookActivities(h.settings, client).plan_webhook_event,
+            # a batch's end announces its webhook event: no endpoint here, nothing is started
+            WebhookActivities(h.settings, client).announce_webhook_event,
         ],
     ):
         try:

@@ -33,7 +33,6 @@ from tests.workflows.test_expiry import Harness, harness_worker
 from workflows import patches, run_length
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
-from workflows.webhooks import WebhookEventWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -131,14 +130,15 @@ def unsandboxed_worker(h: Harness) -> Worker:
     return Worker(
         h.client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow, WebhookEventWorkflow],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
         activities=[
             ValidationActivities(h.settings, h.store).validate_input,
             h.run_line,
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
-            WebhookActivities(h.settings, h.client).plan_webhook_event,
+            # a batch's end announces its webhook event: no endpoint here, nothing is started
+            WebhookActivities(h.settings, h.client).announce_webhook_event,
         ],
         workflow_runner=UnsandboxedWorkflowRunner(),
     )

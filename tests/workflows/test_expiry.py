@@ -38,7 +38,6 @@ from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
-from workflows.webhooks import WebhookEventWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -120,15 +119,15 @@ async def harness_worker(
     async with Worker(
         h.client,
         task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow, WebhookEventWorkflow, *workflows],
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow, *workflows],
         activities=[
             ValidationActivities(h.settings, h.store).validate_input,
             run_line,
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
-            # a batch's end announces its webhook event: no endpoint here, nothing to deliver
-            WebhookActivities(h.settings, h.client).plan_webhook_event,
+            # a batch's end announces its webhook event: no endpoint here, nothing is started
+            WebhookActivities(h.settings, h.client).announce_webhook_event,
         ],
     ) as worker:
         yield worker

@@ -1,4 +1,4 @@
-"""WebhookEventWorkflow on the time-skipping test server, with its two activities replaced by
+"""WebhookEventWorkflow on the time-skipping test server, its delivery activity replaced by
 name: a receiver down for ten minutes gets the event once after, with the same id, on the
 default schedule; a receiver that never recovers is tried for 72 hours and no longer; a refused
 destination is not tried again. The endpoints workflow keeps endpoints and refuses unknown ids.
@@ -26,7 +26,6 @@ from backfill.webhooks import (
     EndpointId,
     EndpointsInput,
     EventInput,
-    PlanInput,
     RetryPlan,
     WebhookEndpoint,
     WebhookEvent,
@@ -51,8 +50,7 @@ class Receiver:
     calls: list[tuple[str, float, bool]] = field(default_factory=list)
     """(webhook id, env time, delivered) of each attempt."""
 
-    @activity.defn(name="plan_webhook_event")
-    async def plan(self, input: PlanInput) -> DeliveryPlan:
+    def plan(self) -> DeliveryPlan:
         target = WebhookTarget(endpoint_id="we_1", url="https://hooks.example.com/in")
         return DeliveryPlan(targets=[target], retry=self.retry)
 
@@ -91,12 +89,12 @@ async def deliver(ts: Env, receiver: Receiver) -> tuple[WebhookEvent, object]:
         ts.client,
         task_queue=ts.task_queue,
         workflows=[WebhookEventWorkflow],
-        activities=[receiver.plan, receiver.deliver],
+        activities=[receiver.deliver],
     ):
         result = await asyncio.wait_for(
             ts.client.execute_workflow(
                 WebhookEventWorkflow.run,
-                EventInput(event=event, workspace="w", indexed=False),
+                EventInput(event=event, workspace="w", plan=receiver.plan()),
                 id=f"webhook-event:{event.id}",
                 task_queue=ts.task_queue,
             ),
