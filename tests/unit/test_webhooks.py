@@ -189,3 +189,46 @@ def test_the_allow_list_names_hosts_addresses_and_networks() -> None:
 def test_the_allow_list_refuses_a_bad_network() -> None:
     with pytest.raises(ValueError, match="not a network"):
         Destinations.parse(["10.0.0.0/99"])
+
+
+# ---- the settings and the delivery activity's refusals (no server: nothing is connected) ----
+def test_configured_endpoints_are_unique_per_workspace_and_the_allow_list_parses() -> None:
+    from pydantic import ValidationError
+
+    from backfill.config import Settings
+
+    hook = {"workspace": "a", "id": "h1", "url": "https://x.example/", "secret_env": "H1"}
+    s = Settings(webhooks=[hook], webhook_allowed_destinations="10.0.0.0/8, hooks.internal")
+    assert s.webhooks[0].event_types == list(EVENT_TYPES)
+    assert s.webhook_destinations.names("hooks.internal")
+    with pytest.raises(ValidationError, match="duplicate id"):
+        Settings(webhooks=[hook, hook])
+    with pytest.raises(ValidationError, match="not a network"):
+        Settings(webhook_allowed_destinations="10.0.0.0/40")
+
+
+async def test_delivery_to_a_name_resolving_to_loopback_is_refused_for_good() -> None:
+    from activities.webhooks import WebhookActivities
+    from backfill.config import Settings
+    from backfill.webhooks import AttemptInput, WebhookTarget
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["93.184.216.34", "127.0.0.1"]  # one public, one loopback: refused
+
+    acts = WebhookActivities(Settings(webhook_key="k"), client=None, resolve=resolve)  # type: ignore[arg-type]
+    target = WebhookTarget(endpoint_id="we_1", url="https://rebind.example/")
+    out = await acts.deliver_webhook(AttemptInput(event=event(), workspace="w", target=target))
+    assert not out.delivered and out.permanent
+    assert out.error is not None and "loopback" in out.error and "127.0.0.1" in out.error
+
+
+async def test_delivery_without_a_secret_is_retried_and_says_which_variable() -> None:
+    from activities.webhooks import WebhookActivities
+    from backfill.config import Settings
+    from backfill.webhooks import AttemptInput, WebhookTarget
+
+    acts = WebhookActivities(Settings(), client=None)  # type: ignore[arg-type]
+    target = WebhookTarget(endpoint_id="we_1", url="https://x.example/")
+    out = await acts.deliver_webhook(AttemptInput(event=event(), workspace="w", target=target))
+    assert not out.delivered and not out.permanent
+    assert out.error is not None and "BACKFILL_WEBHOOK_KEY" in out.error
