@@ -23,6 +23,7 @@ from api import (
     health,
     jobs,
     proxy,
+    webhooks,
 )
 from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
@@ -103,6 +104,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(admin_batches.router)
     app.include_router(admin_usage.router)
+    app.include_router(webhooks.router)
     console.install(app)  # /console: the web console (not in the OpenAPI schema)
     return app
 

@@ -30,6 +30,9 @@ from pydantic_settings import (
 )
 
 from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
+from backfill.webhooks import EVENT_TYPES as WEBHOOK_EVENTS
+from backfill.webhooks import Destinations
+from backfill.webhooks import EventType as WebhookEventType
 
 Role = Literal["member", "platform_admin", "auditor"]
 Provider = Literal["vllm", "openai"]
@@ -129,6 +132,20 @@ class WorkspaceLimits(_Strict):
     refused; a batch's output is always written."""
     share_weight: int = Field(default=1, ge=1, le=1000)
     """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
+
+
+class WebhookConfig(_Strict):
+    """An endpoint in the file (`[[webhooks]]`), besides those made through the api. Its
+    secret is in the environment variable `secret_env` (a `whsec_` value), never in the file."""
+
+    workspace: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    url: str = Field(pattern=r"^https?://")
+    secret_env: str = Field(min_length=1)
+    event_types: list[WebhookEventType] = Field(default_factory=lambda: list(WEBHOOK_EVENTS))
+    """Which of `batch.completed`, `batch.failed`, `batch.expired`, `batch.cancelled` it gets
+    (absent: all four)."""
+    name: str = ""
 
 
 class Settings(BaseSettings):
@@ -266,11 +283,40 @@ class Settings(BaseSettings):
     )
     """Usage journal hours older than this are deleted (by every process that journals, at
     start and hourly); at least 31, the console's longest usage view."""
+    webhook_key: str | None = Field(
+        default=None, repr=False, validation_alias="BACKFILL_WEBHOOK_KEY"
+    )
+    """Master key the signing secret of every endpoint made through the api is derived from
+    (docs/decisions/0021); without it such endpoints cannot be made or delivered to. Env only;
+    changing it changes every derived secret."""
+    webhook_allowed_destinations: str = Field(
+        default="", validation_alias="BACKFILL_WEBHOOK_ALLOWED_DESTINATIONS"
+    )
+    """Comma-separated host names, addresses and networks (`hooks.internal`, `10.0.0.5`,
+    `127.0.0.0/8`) webhooks may reach although private, loopback or link-local."""
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=60, validation_alias="BACKFILL_WEBHOOK_TIMEOUT_SECONDS"
+    )
+    """How long one delivery attempt may take, name resolution included."""
+    webhook_retry_initial_seconds: float = Field(
+        default=5.0, gt=0, validation_alias="BACKFILL_WEBHOOK_RETRY_INITIAL_SECONDS"
+    )
+    """Wait before the second attempt; each next wait doubles."""
+    webhook_retry_max_interval_seconds: float = Field(
+        default=3600.0, gt=0, validation_alias="BACKFILL_WEBHOOK_RETRY_MAX_INTERVAL_SECONDS"
+    )
+    """The longest wait between two attempts."""
+    webhook_retry_for_seconds: float = Field(
+        default=72 * 3600.0, ge=0, validation_alias="BACKFILL_WEBHOOK_RETRY_FOR_SECONDS"
+    )
+    """No attempt later than this after the first (72 h, as OpenAI)."""
     limits: Limits = Field(default_factory=Limits)
     models: list[ModelConfig] = Field(default_factory=list)
     api_keys: list[ApiKeyConfig] = Field(default_factory=list)
     workspaces: dict[str, WorkspaceLimits] = Field(default_factory=dict)
     """Per-workspace limits by workspace name; the entry `default` applies to the others."""
+    webhooks: list[WebhookConfig] = Field(default_factory=list)
+    """Configured webhook endpoints (`[[webhooks]]`)."""
 
     @classmethod
     def settings_customise_sources(
@@ -313,6 +359,21 @@ class Settings(BaseSettings):
             raise ValueError("BACKFILL_STORE is s3 but BACKFILL_S3_BUCKET is not set")
         return self
 
+    @model_validator(mode="after")
+    def _webhooks_valid(self) -> Settings:
+        Destinations.parse(self.webhook_allowed_destinations.split(","))
+        seen: set[tuple[str, str]] = set()
+        for w in self.webhooks:
+            if (w.workspace, w.id) in seen:
+                raise ValueError(f"webhooks: duplicate id {w.id!r} in workspace {w.workspace!r}")
+            seen.add((w.workspace, w.id))
+        return self
+
+    @property
+    def webhook_destinations(self) -> Destinations:
+        """`webhook_allowed_destinations`, parsed."""
+        return Destinations.parse(self.webhook_allowed_destinations.split(","))
+
     @property
     def shutdown_grace_seconds(self) -> float:
         """`worker_shutdown_grace_seconds`, or the line timeout when unset."""
@@ -351,7 +412,7 @@ class Settings(BaseSettings):
         return [k.name or k.key_id for k in self.api_keys if k.sha256 in dev]
 
 
-FILE_ONLY = frozenset({"models", "limits", "api_keys", "workspaces"})
+FILE_ONLY = frozenset({"models", "limits", "api_keys", "workspaces", "webhooks"})
 
 
 class _ScalarEnv(EnvSettingsSource):

@@ -25,7 +25,7 @@ from backfill import metrics
 from backfill.gates.server_load import LoadReading
 from backfill.load_metrics import approve_metrics_url, parse_load
 
-__all__ = ["Resolver", "ServerLoadReader", "export_reading", "resolve_host"]
+__all__ = ["PinnedBackend", "Resolver", "ServerLoadReader", "export_reading", "resolve_host"]
 
 DEADLINE_SECONDS = 2.0
 MAX_BYTES = 1024 * 1024
@@ -45,7 +45,7 @@ class _FetchError(Exception):
     """The metrics could not be read; the message says why (shown in the route status)."""
 
 
-class _PinnedBackend(httpcore.AsyncNetworkBackend):
+class PinnedBackend(httpcore.AsyncNetworkBackend):
     """Connects only to the addresses pinned for a (host, port); TLS still verifies the host."""
 
     def __init__(self, pins: dict[tuple[str, int], list[str]]) -> None:
@@ -80,7 +80,7 @@ class _PinnedBackend(httpcore.AsyncNetworkBackend):
         timeout: float | None = None,  # noqa: ASYNC109  # httpcore backend signature
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("unix sockets are not used for metrics")
+        raise httpcore.ConnectError("unix sockets are not used")
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
@@ -111,7 +111,7 @@ class ServerLoadReader:
         self._pins: dict[tuple[str, int], list[str]] = {}
         self._cache: dict[str, tuple[float, LoadReading]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._backend = _PinnedBackend(self._pins)
+        self._backend = PinnedBackend(self._pins)
 
     def pinned(self, host: str, port: int) -> list[str] | None:
         """The addresses pinned for (host, port), None before its first fetch."""

@@ -40,6 +40,13 @@ from backfill.messages import (
     SchedulerInput,
     SchedulerStatus,
 )
+from backfill.webhooks import (
+    EndpointId,
+    EndpointsInput,
+    EventDeliveries,
+    EventInput,
+    WebhookEndpoint,
+)
 
 
 @workflow.defn(name="BatchWorkflow")
@@ -114,6 +121,46 @@ class RouteSchedulerWorkflow:
 
     @workflow.query
     def status(self, at: float | None = None) -> SchedulerStatus:
+        raise NotImplementedError
+
+
+@workflow.defn(name="WebhookEndpointsWorkflow")
+class WebhookEndpointsWorkflow:
+    """workflows.webhooks.WebhookEndpointsWorkflow: a workspace's webhook endpoints (id from
+    `backfill.webhooks.endpoints_workflow_id`)."""
+
+    @workflow.run
+    async def run(self, input: EndpointsInput) -> None:
+        raise NotImplementedError
+
+    @workflow.update
+    def add(self, endpoint: WebhookEndpoint) -> WebhookEndpoint:
+        raise NotImplementedError
+
+    @workflow.update
+    def remove(self, ref: EndpointId) -> WebhookEndpoint:
+        raise NotImplementedError
+
+    @workflow.update
+    def rotate(self, ref: EndpointId) -> WebhookEndpoint:
+        raise NotImplementedError
+
+    @workflow.query
+    def endpoints(self) -> list[WebhookEndpoint]:
+        raise NotImplementedError
+
+
+@workflow.defn(name="WebhookEventWorkflow")
+class WebhookEventWorkflow:
+    """workflows.webhooks.WebhookEventWorkflow: one event's deliveries (id from
+    `backfill.webhooks.event_workflow_id`)."""
+
+    @workflow.run
+    async def run(self, input: EventInput) -> EventDeliveries:
+        raise NotImplementedError
+
+    @workflow.query
+    def deliveries(self) -> EventDeliveries:
         raise NotImplementedError
 
 

@@ -23,6 +23,7 @@ from activities.lines import LineActivities
 from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -39,6 +40,7 @@ from workflows.admission import AdmissionWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEndpointsWorkflow, WebhookEventWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ def activities(
     lines = LineActivities(settings, store, http, usage)
     control = ControlActivities(settings, client)
     load = ServerLoadActivities(ServerLoadReader(configured_bases(settings)), client)
+    webhooks = WebhookActivities(settings, client)
     return [
         ValidationActivities(settings, store).validate_input,
         lines.run_line,
@@ -67,10 +70,19 @@ def activities(
         control.find_closed_batches,
         RetentionActivities(store).delete_expired_files,
         load.watch_server_load,
+        webhooks.announce_webhook_event,
+        webhooks.deliver_webhook,
     ]
 
 
-WORKFLOWS = [BatchWorkflow, RouteSchedulerWorkflow, RetentionWorkflow, AdmissionWorkflow]
+WORKFLOWS = [
+    BatchWorkflow,
+    RouteSchedulerWorkflow,
+    RetentionWorkflow,
+    AdmissionWorkflow,
+    WebhookEndpointsWorkflow,
+    WebhookEventWorkflow,
+]
 """Every workflow a worker runs (role `all` or `workflows`)."""
 ROLE_NAMES: dict[WorkerRole, str] = {
     "all": "workflows and activities",

@@ -42,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
         PauseRequest,
         ValidateInput,
     )
-    from workflows import line_activity, patches, run_length
+    from workflows import line_activity, patches, run_length, webhooks
     from workflows.alarm import Alarm
     from workflows.cancellation import CancelRequests
     from workflows.scheduler_link import SchedulerLink
@@ -71,6 +71,7 @@ class BatchWorkflow:
             await self._validate(input)
             if self._b.status == "failed":
                 self._view.show_details(self._b)
+                await self._announce()
                 await self._cancellation.wait(workflow.all_handlers_finished)
                 return self._b
         while True:
@@ -343,7 +344,16 @@ class BatchWorkflow:
         show_done(b)
         self._view.show_details(b)
         self._view.set_status(b)
+        await self._announce()
         await self._cancellation.wait(workflow.all_handlers_finished)
+
+    async def _announce(self) -> None:
+        """The terminal status's webhook event, delivered apart from the batch
+        (`webhooks.announce`); runs from before `patches.WEBHOOK_EVENTS` announce nothing."""
+        if workflow.patched(patches.WEBHOOK_EVENTS):
+            await self._cancellation.through(
+                asyncio.ensure_future(webhooks.announce(self._b, self._input.workspace))
+            )
 
 
 def _now() -> int:

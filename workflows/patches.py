@@ -57,6 +57,13 @@ bounds, so a batch has as few runs as the server's thresholds allow. Old branch:
 drained after `LINES_PER_RUN` lines. Histories: `lines_per_run_20/` (old, recorded with
 `LINES_PER_RUN` lowered to 20), `batch_paused_in_backoff.v1` (new). Commit 4342cd4."""
 
+WEBHOOK_EVENTS = "webhook-events"
+"""A batch that reaches a terminal status (`failed` at validation too) hands its webhook event
+over just before it closes (`workflows.webhooks.announce`: the `announce_webhook_event` activity,
+which starts the event's delivery workflow when an endpoint is subscribed). Old branch: no
+event; the run closes right after its last status. Histories: every one recorded before it
+(old), `batch_completed_announced.v1` and `batch_failed_announced.v1` (new)."""
+
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""

@@ -12,6 +12,7 @@ from backfill import refs
 from workflows.admission import AdmissionWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
+from workflows.webhooks import WebhookEndpointsWorkflow, WebhookEventWorkflow
 
 
 def _shape(cls: type) -> dict[str, Any]:
@@ -41,6 +42,8 @@ def _shape(cls: type) -> dict[str, Any]:
         (refs.BatchWorkflow, BatchWorkflow),
         (refs.RouteSchedulerWorkflow, RouteSchedulerWorkflow),
         (refs.AdmissionWorkflow, AdmissionWorkflow),
+        (refs.WebhookEndpointsWorkflow, WebhookEndpointsWorkflow),
+        (refs.WebhookEventWorkflow, WebhookEventWorkflow),
     ],
 )
 def test_ref_matches_the_workflow(ref: type, real: type) -> None:

@@ -46,7 +46,7 @@ from tests.workflows.events import (
     updated,
 )
 from workflows.batch import BatchWorkflow
-from workflows.patches import ALARMS_ON_TIME
+from workflows.patches import ALARMS_ON_TIME, WEBHOOK_EVENTS
 
 OUT = Path(__file__).parent / "histories"
 VERSION = "v1"
@@ -301,6 +301,30 @@ async def batch_line_lost(stack: Stack, temporal: Client) -> None:
     save("batch_line_lost", h)
 
 
+async def batch_completed_announced(stack: Stack, temporal: Client) -> None:
+    """A completed batch hands its webhook event over before it closes (patch webhook-events)."""
+    batch_id = await submit(stack, 3, prefix="announced")
+    assert (await wait_terminal(stack.client(), batch_id)).status == "completed"
+    h = await temporal.get_workflow_handle(batch_id).fetch_history()
+    require(h, E.EVENT_TYPE_MARKER_RECORDED, "webhook-events marker", patch_marker(WEBHOOK_EVENTS))
+    assert "announce_webhook_event" in activity_names(h)
+    save("batch_completed_announced", h)
+
+
+async def batch_failed_announced(stack: Stack, temporal: Client) -> None:
+    """A batch whose input validation rejects hands its `batch.failed` event over."""
+    client = stack.client()
+    bad = await client.files.create(file=("bad.jsonl", b"not json\n"), purpose="batch")
+    failed = await client.batches.create(
+        input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert (await wait_terminal(client, failed.id)).status == "failed"
+    h = await temporal.get_workflow_handle(failed.id).fetch_history()
+    require(h, E.EVENT_TYPE_MARKER_RECORDED, "webhook-events marker", patch_marker(WEBHOOK_EVENTS))
+    assert "announce_webhook_event" in activity_names(h)
+    save("batch_failed_announced", h)
+
+
 async def route_scheduler_set_settings(stack: Stack, temporal: Client) -> None:
     url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
     async with httpx.AsyncClient(headers={"Authorization": "Bearer sk-test-admin"}) as http:
@@ -331,6 +355,8 @@ ONE_STACK: dict[str, Callable[[Stack, Client], Awaitable[None]]] = {
         batch_backoff,
         batch_paused_in_backoff,
         batch_line_lost,
+        batch_completed_announced,
+        batch_failed_announced,
         route_scheduler_set_settings,
         route_scheduler,  # last: after the others' traffic
     )

@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.ids import scheduler_workflow_id
@@ -204,6 +205,8 @@ async def harness(dev_server: TemporalServer, tmp_path: Path) -> AsyncIterator[H
             h.finalize_batch,
             h.report_demand,
             h.find_closed_batches,
+            # a batch's end announces its webhook event: no endpoint here, nothing is started
+            WebhookActivities(h.settings, client).announce_webhook_event,
         ],
     ):
         try:

@@ -24,6 +24,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.batches import Batch
 from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.messages import BatchInput
@@ -136,6 +137,8 @@ def unsandboxed_worker(h: Harness) -> Worker:
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
+            # a batch's end announces its webhook event: no endpoint here, nothing is started
+            WebhookActivities(h.settings, h.client).announce_webhook_event,
         ],
         workflow_runner=UnsandboxedWorkflowRunner(),
     )

@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
+from activities.webhooks import WebhookActivities
 from backfill.config import Settings
 from backfill.dev.devserver import test_server_path
 from backfill.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
@@ -125,6 +126,8 @@ async def harness_worker(
             FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
+            # a batch's end announces its webhook event: no endpoint here, nothing is started
+            WebhookActivities(h.settings, h.client).announce_webhook_event,
         ],
     ) as worker:
         yield worker

@@ -48,6 +48,9 @@ def test_histories_exist() -> None:
         "batch_continue_as_new_chain.run02.v1",
         "route_scheduler_continue_as_new_chain.run01.v1",
         "route_scheduler_continue_as_new_chain.run02.v1",
+        # a terminal batch hands its webhook event over (patch webhook-events)
+        "batch_completed_announced.v1",
+        "batch_failed_announced.v1",
     } <= names
 
 
