@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import admin, admin_batches, admin_usage, batches, console, errors, files, health, proxy
+from api import results as partial_results
 from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
@@ -83,6 +84,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(partial_results.router)  # GET /v1/batches/{id}/results (extension)
     app.include_router(proxy.router)
     app.include_router(health.router)
     app.include_router(admin.router)
