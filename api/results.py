@@ -29,10 +29,11 @@ import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Annotated, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
+from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 
 from api.batches import _describe
@@ -51,6 +52,23 @@ READ_AHEAD = 16
 """Per-line results read at once while a batch runs (one request each on S3)."""
 
 FileKind = Literal["output", "error"]
+
+
+class ResultItem(BaseModel):
+    line: int | None
+    """The 0-based input line (null once served from the assembled files)."""
+    file: FileKind
+    record: dict[str, Any]
+    """The record exactly as the output or error file holds it."""
+
+
+class ResultPage(BaseModel):
+    """The page's shape, for the OpenAPI schema (the body itself is built by `Page.body`)."""
+
+    object: Literal["list"] = "list"
+    data: list[ResultItem]
+    next_after: str
+    has_more: bool
 
 
 @dataclass(frozen=True)
@@ -110,8 +128,9 @@ class Page:
 
 @router.get(
     "/{batch_id}/results",
+    response_model=None,
     responses={
-        200: {"description": "A page of result records (see api/results.py)"},
+        200: {"model": ResultPage, "description": "A page of result records"},
         **error_responses(403, 404),
     },
 )
