@@ -276,4 +276,4 @@ async def test_partial_fetches_at_any_time_add_up_to_the_final_files(
             resp = await other.get(f"/v1/batches/{batch_id}/results", headers=auth("sk-test-beta"))
         assert resp.status_code == 404 and resp.json()["error"]["param"] == "batch_id"
     finally:
-        http.close()
+        await asyncio.to_thread(http.close)
