@@ -30,5 +30,6 @@ def fill_eta(batch: Batch, now: float | None = None) -> None:
     )
     ext = batch.backfill
     ext.lines_per_second = est.lines_per_second
-    ext.expected_finish_at = est.expected_finish_at
-    ext.at_risk = est.at_risk
+    if not ext.paused:  # a paused batch finishes when someone resumes it: no guess
+        ext.expected_finish_at = est.expected_finish_at
+        ext.at_risk = est.at_risk

@@ -25,8 +25,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 Interval = Annotated[float, typer.Option(help="Seconds between two looks at the batch.", min=0.2)]
 PARTIAL_PAGE = 1000
@@ -171,18 +171,27 @@ def list_(
         for b in batches:
             print(b.model_dump_json())
         return 0
-    table = Table("id", "status", "done", "failed", "total", "created", "why it waits")
-    for b in batches:
-        c = b.request_counts
-        table.add_row(
+    header = ("id", "status", "completed", "failed", "total", "created", "why it waits")
+    rows = [
+        (
             b.id,
             b.status,
-            str(c.completed if c else ""),
-            str(c.failed if c else ""),
-            str(c.total if c else ""),
+            str(b.request_counts.completed if b.request_counts else ""),
+            str(b.request_counts.failed if b.request_counts else ""),
+            str(b.request_counts.total if b.request_counts else ""),
             _when(b.created_at),
             wait_reason(b),
         )
+        for b in batches
+    ]
+    if not out.is_terminal:  # for scripts and logs: tab-separated, nothing cut
+        for row in (header, *rows):
+            print("\t".join(row))
+        return 0
+    table = Table(*header)
+    table.columns[0].no_wrap = True
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
     return 0
 

@@ -104,7 +104,7 @@ def view_of(batch: Batch, log: ProgressLog, now: float) -> View:
             expires_at=batch.expires_at,
         )
         rate = est.lines_per_second
-        if est.expected_finish_at is not None:
+        if est.expected_finish_at is not None and not extension(batch).get("paused"):
             eta = max(0.0, est.expected_finish_at - now)
     return View(
         batch_id=batch.id,

@@ -115,3 +115,13 @@ def test_the_exporter_counts_batches_at_risk_per_route() -> None:
     assert at_risk() == 1  # 1 line/s: 980 lines are due long after 100
     exporter._export_at_risk([], 20)
     assert at_risk() == 0 and not exporter.progress.by_batch
+
+
+def test_a_paused_batch_has_a_pace_but_no_expected_finish() -> None:
+    PROGRESS.forget("batch_paused")
+    fill_eta(running_batch("batch_paused", 100, expires_at=500), now=1000.0)
+    batch = running_batch("batch_paused", 200, expires_at=500)
+    batch.backfill.paused = True
+    fill_eta(batch, now=1100.0)
+    assert batch.backfill.lines_per_second == 1.0
+    assert batch.backfill.expected_finish_at is None and not batch.backfill.at_risk
