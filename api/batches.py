@@ -197,7 +197,8 @@ async def retrieve_batch(batch_id: str, client: ClientDep, identity: IdentityDep
     if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
         await add_route_reasons(client, batch, desc)
     fill_eta(batch)
-    batch.backfill.retries = await retries_of(client, batch_id)
+    if batch.status in TERMINAL_STATUSES:  # retried once ended: no extra query per poll before
+        batch.backfill.retries = await retries_of(client, batch_id)
     return batch
 
 
