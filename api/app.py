@@ -25,6 +25,7 @@ from api import (
     proxy,
     webhooks,
 )
+from api import results as partial_results
 from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
@@ -99,6 +100,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(jobs.router)  # /gateway/v1/batches: single jobs over batches
+    app.include_router(partial_results.router)  # GET /v1/batches/{id}/results (extension)
     app.include_router(proxy.router)
     app.include_router(health.router)
     app.include_router(admin.router)

@@ -23,7 +23,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from api import admission, audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound
+from api.eta import fill_eta
 from api.history_view import QUICK_QUERY, started_input
+from api.retries import retries_of, retry_link
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
 from backfill.admission import ReserveRequest
@@ -124,8 +126,9 @@ async def start_batch(
         ),
     )
     summary = batch_summary(req.endpoint, file.filename, identity.workspace)
+    retry_of = await retry_link(client, identity, req.metadata)
     try:
-        await _start(client, settings, inp, identity.workspace, summary)
+        await _start(client, settings, inp, identity.workspace, summary, retry_of)
     except BaseException:
         # Nothing runs: the pinned copy of the input must not outlive the failed create.
         await asyncio.to_thread(store.drop_batch_work, batch_id)
@@ -150,8 +153,14 @@ def batch_summary(endpoint: str, filename: str, workspace: str) -> str:
 
 
 async def _start(
-    client: Client, settings: Settings, inp: BatchInput, workspace: str, summary: str
+    client: Client,
+    settings: Settings,
+    inp: BatchInput,
+    workspace: str,
+    summary: str,
+    retry_of: str | None = None,
 ) -> None:
+    link = [SearchAttributePair(sa.RETRY_OF, retry_of)] if retry_of else []
     await client.start_workflow(
         BatchWorkflow.run,
         inp,
@@ -163,6 +172,7 @@ async def _start(
                 SearchAttributePair(sa.STATUS, "validating"),
                 SearchAttributePair(sa.ENDPOINT, inp.endpoint),
                 SearchAttributePair(sa.CREATED_AT, inp.created_at),
+                *link,
             ]
         ),
         memo={"workspace": workspace, SUMMARY_MEMO: summary, **job_memo(inp.metadata)},
@@ -223,6 +233,9 @@ async def retrieve_batch(batch_id: str, client: ClientDep, identity: IdentityDep
     batch = await _load(client, batch_id, desc)
     if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
         await add_route_reasons(client, batch, desc)
+    fill_eta(batch)
+    if batch.status in TERMINAL_STATUSES:  # retried once ended: no extra query per poll before
+        batch.backfill.retries = await retries_of(client, batch_id)
     return batch
 
 

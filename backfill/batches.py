@@ -126,6 +126,15 @@ class BackfillExtension(_Wire):
     """True when no worker could answer for the batch just now (none running): the object is
     Temporal's own record of it (status from its search attribute, the rest as created or as of
     its last continue-as-new), so counts and times may lag behind."""
+    lines_per_second: float | None = None
+    """Lines finished per second over the last few minutes, as the api saw them (`backfill.eta`);
+    None when not running or not yet known."""
+    expected_finish_at: int | None = None
+    """When the batch should finish at that pace (unix seconds); None when it is not moving."""
+    at_risk: bool = False
+    """The expected finish is after `expires_at`: at this pace some lines will expire."""
+    retries: list[str] = Field(default_factory=list)
+    """Batches created to retry lines of this one (their metadata `retry_of` names it)."""
 
 
 class Batch(_Wire):

@@ -4,6 +4,7 @@
     backfill api              the HTTP api (uvicorn), settings from backfill.toml + env
     backfill worker           the Temporal worker
     backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim.main)
+    backfill batch ...        the client CLI: submit, watch, retry... (backfill/client, docs/cli.md)
     backfill hash-key         the SHA-256 of a key read from stdin, for [[api_keys]]
     backfill keys create --workspace W --role R [--models m1,m2] [--name N]
                               a new random key (printed once) and its [[api_keys]] entry
@@ -76,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("api", help="serve the HTTP api")
     sub.add_parser("worker", help="run the Temporal worker")
     sub.add_parser("sim", help="run the vLLM-like simulator (backfill sim --help)", add_help=False)
+    sub.add_parser(
+        "batch", help="submit and manage batches (backfill batch --help)", add_help=False
+    )
     sub.add_parser(
         "hash-key",
         help="print the SHA-256 of an API key read from standard input, for backfill.toml",
@@ -163,6 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_sim(args_list[1:])
         except KeyboardInterrupt:
             return 130
+
+    if args_list and args_list[0] == "batch":  # the client CLI parses its own arguments
+        from backfill.client import main as run_client
+
+        return run_client(args_list[1:])
 
     args = _parser().parse_args(args_list)
 

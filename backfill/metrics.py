@@ -56,6 +56,12 @@ ROUTE_PAUSES = Counter(
     "Times a route started holding batch lines back for a reason.",
     ["reason"],
 )
+AT_RISK_BATCHES = Gauge(
+    "gateway_batch_at_risk_batches",
+    "In-progress batches whose expected finish at their recent pace is after expires_at, per "
+    "route with lines of theirs still to finish (backfill.eta).",
+    ["provider"],
+)
 STALL_SECONDS = Gauge(
     "gateway_batch_stall_seconds",
     "Seconds an in-progress batch with lines to run has finished none, not counting "

@@ -15,6 +15,9 @@ ENDPOINT = SearchAttributeKey.for_keyword("BackfillEndpoint")
 MODELS = SearchAttributeKey.for_keyword_list("BackfillModels")
 CREATED_AT = SearchAttributeKey.for_int("BackfillCreatedAt")
 """Unix seconds of the batch's creation; with the id, the listing order."""
+RETRY_OF = SearchAttributeKey.for_keyword("BackfillRetryOf")
+"""The batch a retry batch retries (its metadata `retry_of`, when that names a batch of the
+same workspace): how the original finds its retries."""
 
 ALL: dict[str, str] = {
     WORKSPACE.name: "Keyword",
@@ -22,5 +25,6 @@ ALL: dict[str, str] = {
     ENDPOINT.name: "Keyword",
     MODELS.name: "KeywordList",
     CREATED_AT.name: "Int",
+    RETRY_OF.name: "Keyword",
 }
 """Name → type, as `temporal server start-dev --search-attribute NAME=TYPE` takes them."""

@@ -11,7 +11,9 @@ computes them (`backfill.progress`). From these it sets:
   closed gate's; else `Gateway batch workers busy` when a batch's allotted lines wait for a
   worker slot; else the cap's reason while lines are queued);
 - `gateway_batch_route_pauses_total{reason}`: a route's changes into a reason, between samples;
-- `gateway_batch_stall_seconds{batch,workspace}`: each batch's stall clock (`worker/stall.py`).
+- `gateway_batch_stall_seconds{batch,workspace}`: each batch's stall clock (`worker/stall.py`);
+- `gateway_batch_at_risk_batches{provider}`: batches whose expected finish at their recent pace
+  (`backfill.eta`, from these samples) is after `expires_at`, per route with lines left.
 
 Every worker exports the same values (aggregate with `max by`); a worker that restarts starts
 its stall clocks at 0, the others keep theirs, so `max` carries on. Clocks live in memory only.
@@ -31,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from backfill import metrics
 from backfill.batches import Batch
 from backfill.config import Settings
+from backfill.eta import ProgressLog, Sample, estimate
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import SchedulerStatus
 from backfill.progress import add_route_reasons
@@ -63,6 +66,8 @@ class Exporter:
     """(batch id, workspace) -> its stall clock."""
     reasons: dict[str, str | None] = field(default_factory=dict)
     """Route id -> its reason at the last sample."""
+    progress: ProgressLog = field(default_factory=ProgressLog)
+    """Each in-progress batch's finished lines at recent samples (for its ETA)."""
 
     def __post_init__(self) -> None:
         for reason in WaitReason:  # every reason's series exists from the start (at 0)
@@ -88,6 +93,7 @@ class Exporter:
         statuses = await asyncio.gather(*(self._status(r) for r in self.routes))
         self._export_routes(dict(zip(self.routes, statuses, strict=True)), batches)
         self._export_stalls(batches, now)
+        self._export_at_risk(batches, now)
 
     async def _in_progress(self) -> list[Batch]:
         query = (
@@ -154,3 +160,25 @@ class Exporter:
         for key in set(self.stalls) - seen:
             del self.stalls[key]
             metrics.STALL_SECONDS.remove(*key)
+
+    def _export_at_risk(self, batches: list[Batch], now: float) -> None:
+        at_risk = dict.fromkeys(self.routes, 0)
+        for batch in batches:
+            counts = batch.request_counts
+            samples = self.progress.add(batch.id, Sample(now, counts.completed + counts.failed))
+            est = estimate(
+                samples,
+                total=counts.total,
+                now=now,
+                in_progress_at=batch.in_progress_at,
+                expires_at=batch.expires_at,
+            )
+            if batch.status != "in_progress" or not est.at_risk:
+                continue
+            for p in batch.backfill.routes:
+                if p.finished_lines < p.total_lines:
+                    at_risk[p.route] = at_risk.get(p.route, 0) + 1
+        for gone in set(self.progress.by_batch) - {b.id for b in batches}:
+            self.progress.forget(gone)
+        for route_id, count in at_risk.items():
+            metrics.AT_RISK_BATCHES.labels(route_id).set(count)

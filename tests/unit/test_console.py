@@ -297,3 +297,41 @@ async def test_the_sampler_records_routes_that_answer_and_skips_the_rest(
     [only] = samples.by_route["up"]
     assert (only.running, only.limit, only.live) == (3, 4, 1)
     assert "down" not in samples.by_route
+
+
+def test_the_batch_page_shows_the_pace_the_expected_finish_and_the_risk() -> None:
+    from starlette.requests import Request
+
+    from api.console.batch_pages import actions, why_it_waits
+    from api.console.sessions import SessionTable
+    from api.console.web import templates
+    from backfill.batches import Batch
+
+    batch = Batch(
+        id="batch_x",
+        endpoint="/v1/chat/completions",
+        input_file_id="file-x",
+        completion_window="24h",
+        status="in_progress",
+        created_at=1,
+        expires_at=86401,
+    )
+    session = SessionTable().create(ALICE, now=0)
+    request = Request({"type": "http", "query_string": b"", "headers": [], "path": "/"})
+
+    def page() -> str:
+        return templates.get_template("batch.html").render(
+            request=request,
+            session=session,
+            identity=ALICE,
+            batch=batch,
+            now=2,
+            actions=actions(batch, "member"),
+            why=why_it_waits(batch),
+        )
+
+    assert 'id="eta"' not in page()  # no pace known yet: no row
+    ext = batch.backfill
+    ext.lines_per_second, ext.expected_finish_at, ext.at_risk = 2.5, 90000, True
+    html = page()
+    assert "2.5 lines/s" in html and "1970-01-02 01:00:00 UTC" in html and "at risk" in html

@@ -1,0 +1,222 @@
+"""Partial results (extension): `GET /v1/batches/{batch_id}/results?after=<cursor>&limit=N`.
+
+The result records a batch has committed so far, as a JSON page, with a cursor so a client asks
+only for what is new:
+
+    {"object": "list",
+     "data": [{"line": 0, "file": "output", "record": {...}}, ...],
+     "next_after": "118.2", "has_more": true}
+
+- While the batch runs, records come in input order, from its per-line results in the store:
+  the page continues from the cursor and stops at the first line with no record yet (a line
+  still running holds back the lines after it). `line` is the 0-based input line; `file` says
+  which file the record ends up in (`output`: a 2xx answer; `error`: anything else).
+- Once the batch's output and error files are assembled (its per-line results are then
+  dropped), the rest comes from those files: what remains of the output file, then what remains
+  of the error file (`line` is then null).
+
+The cursor (`next_after`, opaque to clients) counts the records already served per file:
+`<output records>.<error records>`. So a record appears once across fetches, and the records of
+all pages together are exactly the final output and error files. `has_more` is false once the
+batch has ended and everything was served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Annotated, Any, BinaryIO, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import BaseModel
+from temporalio.client import WorkflowExecutionStatus
+
+from api.batches import _describe
+from api.deps import ClientDep, IdentityDep, StoreDep
+from api.errors import InvalidRequest, NotFound
+from api.schemas import COMMON_ERRORS, error_responses
+from backfill.messages import FinalizeOutput
+from backfill.records import outcome_from_record
+from backfill.store import Store
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
+
+PAGE_BYTES = 8 << 20
+"""A page stops growing past this many bytes of records (it always holds at least one)."""
+READ_AHEAD = 16
+"""Per-line results read at once while a batch runs (one request each on S3)."""
+
+FileKind = Literal["output", "error"]
+
+
+class ResultItem(BaseModel):
+    line: int | None
+    """The 0-based input line (null once served from the assembled files)."""
+    file: FileKind
+    record: dict[str, Any]
+    """The record exactly as the output or error file holds it."""
+
+
+class ResultPage(BaseModel):
+    """The page's shape, for the OpenAPI schema (the body itself is built by `Page.body`)."""
+
+    object: Literal["list"] = "list"
+    data: list[ResultItem]
+    next_after: str
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """How many records of each file a client already has."""
+
+    output: int = 0
+    error: int = 0
+
+    @property
+    def line(self) -> int:
+        """While the batch runs: the next input line (the served records are a prefix)."""
+        return self.output + self.error
+
+    def __str__(self) -> str:
+        return f"{self.output}.{self.error}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor:
+        if text is None or text == "":
+            return cls()
+        out, sep, err = text.partition(".")
+        if sep and out.isdigit() and err.isdigit():
+            return cls(int(out), int(err))
+        raise InvalidRequest(
+            f"Invalid cursor {text!r}: pass the `next_after` of the previous page.", param="after"
+        )
+
+
+@dataclass
+class Page:
+    cursor: Cursor
+    items: list[tuple[int | None, FileKind, bytes]] = field(default_factory=list)
+    size: int = 0
+
+    def full(self, limit: int) -> bool:
+        return len(self.items) >= limit or self.size >= PAGE_BYTES
+
+    def add(self, line: int | None, kind: FileKind, record: bytes) -> None:
+        self.items.append((line, kind, record))
+        self.size += len(record)
+        if kind == "output":
+            self.cursor = Cursor(self.cursor.output + 1, self.cursor.error)
+        else:
+            self.cursor = Cursor(self.cursor.output, self.cursor.error + 1)
+
+    def body(self, has_more: bool) -> bytes:
+        """The page as JSON, each record spliced in as committed (valid JSON, byte for byte)."""
+        parts = [
+            b'{"line":%s,"file":"%s","record":%s}'
+            % (b"null" if line is None else str(line).encode(), kind.encode(), record)
+            for line, kind, record in self.items
+        ]
+        tail = json.dumps({"next_after": str(self.cursor), "has_more": has_more})
+        return b'{"object":"list","data":[' + b",".join(parts) + b"]," + tail[1:].encode()
+
+
+@router.get(
+    "/{batch_id}/results",
+    response_model=None,
+    responses={
+        200: {"model": ResultPage, "description": "A page of result records"},
+        **error_responses(403, 404),
+    },
+)
+async def batch_results(
+    batch_id: str,
+    client: ClientDep,
+    store: StoreDep,
+    identity: IdentityDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    """Extension: the batch's result records committed so far, from the cursor `after`."""
+    cursor = Cursor.parse(after)
+    desc = await _describe(client, identity, batch_id)
+    identity.require_content()
+    running = desc.status in (
+        WorkflowExecutionStatus.RUNNING,
+        WorkflowExecutionStatus.CONTINUED_AS_NEW,
+    )
+    page, has_more = await asyncio.to_thread(read_page, store, batch_id, cursor, limit)
+    return Response(page.body(has_more or running), media_type="application/json")
+
+
+def read_page(store: Store, batch_id: str, cursor: Cursor, limit: int) -> tuple[Page, bool]:
+    """A page from the cursor, and whether the store holds more right now (the caller adds
+    "the batch still runs"). The assembled files win: once they exist the per-line results may
+    be gone at any moment; a line found missing meanwhile only ends the page early."""
+    done = store.read_finalized(batch_id)
+    if done is not None:
+        return _from_files(store, FinalizeOutput.model_validate_json(done), cursor, limit)
+    page = _from_lines(store, batch_id, cursor, limit)
+    return page, page.full(limit)
+
+
+def _from_lines(store: Store, batch_id: str, cursor: Cursor, limit: int) -> Page:
+    page = Page(cursor)
+    try:
+        total = store.index_total(batch_id)
+    except FileNotFoundError:  # still validating (or it never got an index)
+        return page
+    end = min(total, cursor.line + limit)
+    with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="results") as pool:
+        for start in range(cursor.line, end, READ_AHEAD):
+            lines = range(start, min(end, start + READ_AHEAD))
+            records = pool.map(lambda n: store.get_result(batch_id, n), lines)
+            for n, record in zip(lines, records, strict=True):
+                if record is None or page.full(limit):
+                    return page
+                outcome = outcome_from_record(n, record)
+                if outcome.error_code == "invalid_record":
+                    # Finalizing puts a readable error record in its place: wait for that one.
+                    return page
+                page.add(n, "output" if outcome.ok else "error", record)
+    return page
+
+
+def _from_files(
+    store: Store, done: FinalizeOutput, cursor: Cursor, limit: int
+) -> tuple[Page, bool]:
+    page = Page(cursor)
+    files: list[tuple[FileKind, str | None, int]] = [
+        ("output", done.output_file_id, cursor.output),
+        ("error", done.error_file_id, cursor.error),
+    ]
+    for kind, file_id, skip in files:
+        if file_id is None:
+            continue
+        try:
+            f = store.open_file(file_id)
+        except FileNotFoundError:
+            raise NotFound(
+                f"The batch's {kind} file {file_id} is no longer available (deleted or expired).",
+                param="batch_id",
+                code="file_not_found",
+            ) from None
+        with f:
+            rest = itertools.islice(_records(f), skip, None)
+            for record in rest:
+                if page.full(limit):
+                    return page, True
+                page.add(None, kind, record)
+    return page, False
+
+
+def _records(f: BinaryIO) -> Iterator[bytes]:
+    for raw in f:
+        record = raw.rstrip(b"\n")
+        if record:
+            yield record
