@@ -2,7 +2,7 @@
 the same workspace carries the search attribute `BackfillRetryOf`, and the original lists its
 retries (`backfill.retries`) by a visibility query on it.
 Like every backfill search attribute, `BackfillRetryOf` must be registered on the namespace
-(docs/operations.md); where it is not, no retries are listed."""
+(docs/operator-guide.md); where it is not, no retries are listed."""
 
 from __future__ import annotations
 
