@@ -57,6 +57,13 @@ bounds, so a batch has as few runs as the server's thresholds allow. Old branch:
 drained after `LINES_PER_RUN` lines. Histories: `lines_per_run_20/` (old, recorded with
 `LINES_PER_RUN` lowered to 20), `batch_paused_in_backoff.v1` (new). Commit 4342cd4."""
 
+PREEMPTED_LINE_REQUEUED = "preempted-line-requeued"
+"""A line outcome `preempted` (preemptive yield: the worker closed the line's upstream request to
+give its seat to live traffic, committing nothing) puts the line back at the front of its lane's
+queue, without back-off and without counting a retry; `Tries.preempted` counts it. Asked only
+for such an outcome, which no worker returned before: every older history replays without it.
+Old branch (unreachable in recorded histories): the outcome was taken as a finished line."""
+
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""
