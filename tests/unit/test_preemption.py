@@ -230,3 +230,12 @@ async def test_the_channel_needs_the_token_and_a_valid_report() -> None:
     assert channel.handle("Bearer s3cret", body) == 204
     await asyncio.sleep(0)  # handed to the loop
     assert board.policy("r1") == POLICY
+
+
+def test_the_shipped_bursty_vllm_example_is_a_valid_settings_document() -> None:
+    path = Path(__file__).parents[2] / "deploy/examples/batch-scheduling/bursty-vllm.json"
+    s = RouteSettings.model_validate_json(path.read_text())
+    doc = s.model_dump()
+    assert (
+        doc["preempt"] is not None and doc["seat_aware"]["keep_free"] < doc["seat_aware"]["seats"]
+    )
