@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -22,6 +22,7 @@ import httpx
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.preemption import PreemptBoard, Ticket
 from backfill import metrics, strict_json
 from backfill.config import RouteConfig, Settings
 from backfill.endpoints import REGISTRY, EndpointSpec
@@ -62,12 +63,15 @@ class LineActivities:
         store: Store,
         http: httpx.AsyncClient,
         usage: UsageJournal | None = None,
+        preempt: PreemptBoard | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.http = http
         self.usage = usage
         """Where every attempt sent upstream is journaled (None: nowhere)."""
+        self.preempt = preempt
+        """Where lines learn that live traffic needs their seat (None: never preempted)."""
         self._io = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="line-store")
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -77,7 +81,8 @@ class LineActivities:
     async def run_line(self, input: LineInput) -> LineOutcome:
         started = time.monotonic()
         outcome = await self._run_line(input)
-        if not outcome.retry:  # committed: a finished line (a re-run of a committed one too)
+        # Committed: a finished line (a re-run of a committed one too).
+        if not outcome.retry and not outcome.preempted:
             metrics.LINE_OUTCOMES.labels(
                 input.route_id, metrics.outcome_class(outcome.status_code, outcome.ok)
             ).inc()
@@ -113,11 +118,17 @@ class LineActivities:
         rid = new_request_id()
         try:
             async with heartbeating():
-                answer = await self._send(route, input, request, custom_id, line_no, rid)
+                if self.preempt is None:
+                    answer = await self._send(route, input, request, custom_id, line_no, rid)
+                else:
+                    send = self._send(route, input, request, custom_id, line_no, rid)
+                    answer = await self._send_preemptible(self.preempt, input, line_no, send)
                 self._journal(input, request, rid, answer)  # at once: a cancel may end the `with`
         except Exception as err:  # a bug, not an answer: the line ends failed, never lost
             activity.logger.exception("line %d of %s failed unexpectedly", line_no, input.batch_id)
             return await self._commit(input.batch_id, _unexpected(custom_id, line_no, err))
+        if answer.outcome.preempted:  # nothing is committed: the line runs again later
+            return answer.outcome
         if answer.retry and not input.final_attempt:
             return LineOutcome(
                 line=line_no,
@@ -126,6 +137,41 @@ class LineActivities:
                 retry_after=answer.retry_after,
             )
         return await self._commit(input.batch_id, answer)
+
+    async def _send_preemptible(
+        self,
+        board: PreemptBoard,
+        input: LineInput,
+        line_no: int,
+        send: Coroutine[Any, Any, Answer],
+    ) -> Answer:
+        """`send` unless live traffic needs the seat first: then the upstream request is closed
+        (the server aborts it) and the answer says `preempted`. An answer that is complete when
+        the preemption comes is kept (it is committed like any other)."""
+        ticket = board.enter(input.route_id, input.preemptions)
+        try:
+            try:
+                await board.door(ticket)
+            except BaseException:
+                send.close()  # never sent: cancelled while it waited for a seat
+                raise
+            sent = asyncio.ensure_future(send)
+            stop = asyncio.ensure_future(ticket.preempted.wait())
+            try:
+                await asyncio.wait((sent, stop), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                if not sent.done():
+                    sent.cancel()
+                    await asyncio.wait((sent,))  # the connection is closed before we go on
+            if not sent.cancelled():
+                answer = sent.result()
+                usage = answer.outcome.usage
+                board.finished(ticket, usage.output_tokens if usage is not None else 0)
+                return answer
+            return _preempted(board, input, line_no, ticket)
+        finally:
+            board.leave(ticket)
 
     def _read(self, input: LineInput) -> tuple[int, bytes | None, bytes]:
         """(line number, its committed record if any, the input line) in one trip to the disk."""
@@ -261,6 +307,20 @@ def _failed(
 ) -> Answer:
     data = error_record_bytes(custom_id, code, message)
     return Answer(data, LineOutcome(line=line_no, error_code=code), retry)
+
+
+def _preempted(board: PreemptBoard, input: LineInput, line_no: int, ticket: Ticket) -> Answer:
+    """A line ended to give its seat to live traffic: nothing to commit, its cost counted."""
+    wasted = board.wasted_tokens(ticket)
+    metrics.PREEMPTED_LINES.labels(input.route_id).inc()
+    metrics.WASTED_TOKENS.labels(input.route_id).inc(wasted)
+    activity.logger.info(
+        "line %d of %s preempted for live traffic (~%d tokens wasted)",
+        line_no,
+        input.batch_id,
+        wasted,
+    )
+    return Answer(b"", LineOutcome(line=line_no, error_code="preempted", preempted=True))
 
 
 def _unexpected(custom_id: str, line_no: int, err: Exception) -> Answer:

@@ -30,6 +30,7 @@ from api.console.sampler import RouteSampler
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
+from api.preempt_push import PreemptSender
 from api.request_id import RequestIdMiddleware
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints
@@ -72,6 +73,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         )
         reporter.start()
         app.state.live_reporter = reporter
+        preempt = preempt_sender(settings, app.state.live, link, reporter.me)
         sampler = RouteSampler(
             app.state.console.samples,
             link,
@@ -86,6 +88,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
                 yield
         finally:
             await sampler.stop()
+            if preempt is not None:
+                await preempt.stop()
             await reporter.stop()
             await link.stop()
             app.state.usage.close()
@@ -109,6 +113,20 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(webhooks.router)
     console.install(app)  # /console: the web console (not in the OpenAPI schema)
     return app
+
+
+def preempt_sender(
+    settings: Settings, live: LiveTraffic, link: TemporalLink, process: str
+) -> PreemptSender | None:
+    """Preemptive yield's sender of live counts to the workers (decision 0023), started; None
+    without its token and worker URLs."""
+    urls = [u.strip() for u in settings.preempt_worker_urls.split(",") if u.strip()]
+    if not settings.preempt_token or not urls:
+        return None
+    routes = [r.id for m in settings.models for r in m.routes]
+    sender = PreemptSender(live, link, routes, urls, settings.preempt_token, process)
+    sender.start()
+    return sender
 
 
 LIVE_PATHS = endpoints.LIVE_PATHS

@@ -63,6 +63,7 @@ def should_report(
     processes: int,
     threshold: int | None,
     since_sent: float,
+    every_change: bool = False,
 ) -> bool:
     """Whether to send `current` now. Pure.
 
@@ -75,6 +76,8 @@ def should_report(
     now cross). At or above the threshold a process reports when its own drop would reopen the
     gate, and renews its count every `KEEPALIVE_SECONDS` so that a dead process is forgotten."""
     if threshold is None:
+        if every_change:  # seat-aware admission: its allotment follows every change
+            return current != (held or 0) or (current > 0 and since_sent >= KEEPALIVE_SECONDS)
         return False
     if held is None:
         return current > 0  # register: from now on it shares the slack
@@ -150,7 +153,9 @@ class LiveReporter:
         held_now = state.view.counts.get(self.me, 0) if state.view else 0
         if current == 0 and held_now == 0:
             return  # nothing to say and nothing held for us
-        gate_off = state.view is not None and state.view.threshold is None
+        gate_off = (
+            state.view is not None and state.view.threshold is None and not state.view.every_change
+        )
         if now - state.view_at >= (OFF_VIEW_TTL if gate_off else VIEW_TTL):
             state.view = await self._view(route)
             state.view_at = now
@@ -163,6 +168,7 @@ class LiveReporter:
             processes=len(counts) + (0 if self.me in counts else 1),
             threshold=state.view.threshold,
             since_sent=now - state.sent_at,
+            every_change=state.view.every_change,
         ):
             return
         if not state.take_token(now):

@@ -210,6 +210,16 @@ class Settings(BaseSettings):
     )
     """Port of the worker's `/metrics` (gateway metrics and the Temporal SDK's); 0: any free
     port (logged at start)."""
+    preempt_token: str | None = Field(
+        default=None, repr=False, validation_alias="BACKFILL_PREEMPT_TOKEN"
+    )
+    """Shared secret of the api processes and workers for preemptive yield's direct channel
+    (docs/decisions/0022): a worker accepts live counts only with it, an api sends them only
+    with it. Unset: the channel is off and no line is ever preempted. Never logged."""
+    preempt_worker_urls: str = Field(default="", validation_alias="BACKFILL_PREEMPT_WORKER_URLS")
+    """api processes: comma-separated base URLs of the workers' HTTP servers (their `/metrics`
+    address, e.g. `http://10.0.0.5:9464`), sent each route's live count when its preemptive yield
+    is on."""
     metrics_poll_seconds: float = Field(
         default=10.0, gt=0, validation_alias="BACKFILL_METRICS_POLL_SECONDS"
     )

@@ -30,6 +30,8 @@ class Tries(BaseModel):
     """Rate limited / unavailable / connection refused answers."""
     lost: int = 0
     """Activities lost (the worker died, the activity crashed)."""
+    preempted: int = 0
+    """Runs ended early to give the seat back to live traffic (preemptive yield)."""
 
 
 class Lane(BaseModel):

@@ -14,6 +14,7 @@ from backfill.batches import Batch, BatchError, TokenCounts
 from backfill.gates.backoff import Backoff
 from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
 from backfill.gates.live import LiveCount
+from backfill.gates.preempt import PreemptPolicy
 from backfill.gates.registry import settings_fields
 from backfill.gates.server_load import LoadVerdict, ServerLoadSettings
 from backfill.lanes import Lane
@@ -203,6 +204,25 @@ class LiveGateView(BaseModel):
     """"Yield to live traffic" (None: off)."""
     counts: dict[str, int] = Field(default_factory=dict)
     """Each process's count as the scheduler holds it (stale ones left out)."""
+    every_change: bool = False
+    """Seat-aware admission is on: its allotment follows every change of the live count."""
+    preempt: PreemptPolicy | None = None
+    """Preemptive yield's policy (None: off): the api sends its live count straight to the
+    workers too."""
+
+
+class LiveCountReport(BaseModel):
+    """An api process's live count on a route, sent straight to each worker while the route's
+    preemptive yield is on (`POST /preempt/live` of the worker's HTTP server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    route: str = Field(min_length=1, max_length=200)
+    process: str = Field(min_length=1, max_length=200)
+    live: int = Field(ge=0, le=1_000_000)
+    """Live requests in flight on the route in that process."""
+    policy: PreemptPolicy | None
+    """The route's preemption policy as the api last read it (None: off)."""
 
 
 class WatchLoadInput(BaseModel):
@@ -273,6 +293,9 @@ class LineInput(BaseModel):
     """The batch's workspace (identity snapshot), for the usage journal."""
     key_id: str | None = None
     """The id of the key that created the batch (identity snapshot), for the usage journal."""
+    preemptions: int = 0
+    """Times this line was preempted before (preemptive yield: the worker lets it run to the
+    end once it reaches the route's `max_preemptions`)."""
 
 
 class LineOutcome(BaseModel):
@@ -287,6 +310,9 @@ class LineOutcome(BaseModel):
     status_code: int | None = None
     error_code: str | None = None
     usage: TokenCounts | None = None
+    preempted: bool = False
+    """Not committed: ended early to give its seat to live traffic; run it again, first in the
+    queue, without back-off and without counting a retry."""
 
 
 class DemandInput(BaseModel):

@@ -31,6 +31,18 @@ LINE_SECONDS = Histogram(
     ["provider"],
     buckets=LATENCY_BUCKETS,
 )
+PREEMPTED_LINES = Counter(
+    "gateway_batch_preempted_lines_total",
+    "Batch lines ended early to give their seat to live traffic (preemptive yield); each runs "
+    "again later.",
+    ["route"],
+)
+WASTED_TOKENS = Counter(
+    "gateway_batch_wasted_tokens_total",
+    "Tokens preempted batch lines had generated, estimated: time upstream x the route's tokens "
+    "per second per line, learned from completed lines on the same worker.",
+    ["route"],
+)
 SERVER_LOAD = Gauge(
     "gateway_server_load",
     "The last server-load reading of the route's model server, per signal.",

@@ -20,6 +20,7 @@ from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.heartbeat import MAX_HEARTBEAT_THROTTLE_SECONDS
 from activities.lines import LineActivities
+from activities.preemption import PreemptBoard
 from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
@@ -34,6 +35,7 @@ from worker.exporter import Exporter
 from worker.lag import log_every
 from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
+from worker.preempt_channel import PreemptChannel
 from worker.retention import ensure_schedule
 from worker.upstream import upstream_client
 from workflows.admission import AdmissionWorkflow
@@ -56,9 +58,10 @@ def activities(
     http: httpx.AsyncClient,
     client: Client,
     usage: UsageJournal | None = None,
+    preempt: PreemptBoard | None = None,
 ) -> list[Callable[..., Any]]:
     """Every activity a worker serves, bound to its clients (one list for every worker kind)."""
-    lines = LineActivities(settings, store, http, usage)
+    lines = LineActivities(settings, store, http, usage, preempt)
     control = ControlActivities(settings, client)
     load = ServerLoadActivities(ServerLoadReader(configured_bases(settings)), client)
     webhooks = WebhookActivities(settings, client)
@@ -110,7 +113,11 @@ def eager_options(eager: int) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def running_worker(
-    client: Client, settings: Settings, *, task_queue: str | None = None
+    client: Client,
+    settings: Settings,
+    *,
+    task_queue: str | None = None,
+    preempt: PreemptBoard | None = None,
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit. It runs the
     workflows, the activities or both, as `settings.worker_role` says; a workflows-only worker
@@ -125,7 +132,7 @@ async def running_worker(
             http = await stack.enter_async_context(
                 upstream_client(settings.upstream_keepalive_seconds)
             )
-            served = activities(settings, store, http, client, usage)
+            served = activities(settings, store, http, client, usage, preempt)
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
@@ -172,11 +179,15 @@ class StopSignals:
         os._exit(128 + sig)
 
 
-def start_metrics(settings: Settings, sdk_bind: str) -> MetricsServer | None:
+def start_metrics(
+    settings: Settings, sdk_bind: str, preempt: PreemptChannel | None = None
+) -> MetricsServer | None:
     """The worker's `/metrics` (ours and the SDK's), or None when its port is taken: the
     worker still runs (its lines matter more than its metrics); the scrape target shows down."""
     try:
-        server = MetricsServer(settings.worker_metrics_host, settings.worker_metrics_port, sdk_bind)
+        server = MetricsServer(
+            settings.worker_metrics_host, settings.worker_metrics_port, sdk_bind, preempt
+        )
     except OSError as err:
         log.error(
             "worker /metrics cannot listen on %s:%s: %s",
@@ -192,7 +203,12 @@ def start_metrics(settings: Settings, sdk_bind: str) -> MetricsServer | None:
 async def serve(settings: Settings) -> None:
     sdk_bind = sdk_metrics_bind()
     client = await connect(settings, metrics_bind=sdk_bind)
-    metrics_server = start_metrics(settings, sdk_bind)
+    # Preemptive yield's direct channel: only with its shared token (decision 0023).
+    board, channel = None, None
+    if settings.preempt_token and runs_activities(settings.worker_role):
+        board = PreemptBoard()
+        channel = PreemptChannel(board, asyncio.get_running_loop(), settings.preempt_token)
+    metrics_server = start_metrics(settings, sdk_bind, channel)
     exporter = asyncio.create_task(Exporter(client, settings).run())
     signals = StopSignals(settings.shutdown_grace_seconds)
     signals.install(asyncio.get_running_loop())
@@ -202,7 +218,7 @@ async def serve(settings: Settings) -> None:
     lag_task = None
     if settings.worker_loop_lag_log_seconds is not None:
         lag_task = asyncio.create_task(log_every(settings.worker_loop_lag_log_seconds))
-    async with running_worker(client, settings):
+    async with running_worker(client, settings, preempt=board):
         log.info(
             "worker (%s) polling task queue %r at %s",
             ROLE_NAMES[settings.worker_role],

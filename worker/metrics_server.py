@@ -17,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from worker.preempt_channel import MAX_BODY, PATH, PreemptChannel
+
 log = logging.getLogger(__name__)
 
 SDK_FETCH_TIMEOUT = 2.0
@@ -31,13 +33,32 @@ def sdk_metrics_bind() -> str:
 
 
 class MetricsServer:
-    """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop)."""
+    """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop),
+    and, with preemptive yield's channel, `POST /preempt/live` (`worker.preempt_channel`)."""
 
-    def __init__(self, host: str, port: int, sdk_bind: str | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        sdk_bind: str | None,
+        preempt: PreemptChannel | None = None,
+    ) -> None:
         self.sdk_url = f"http://{sdk_bind}/metrics" if sdk_bind else None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # api processes keep their connection for live counts
+
+            def do_POST(self) -> None:  # noqa: N802  # http.server's name
+                length = int(self.headers.get("Content-Length") or 0)
+                if preempt is None or self.path != PATH or not 0 < length <= MAX_BODY:
+                    self.send_error(404 if preempt is None or self.path != PATH else 400)
+                    return
+                status = preempt.handle(self.headers.get("Authorization"), self.rfile.read(length))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_GET(self) -> None:  # noqa: N802  # http.server's name
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)

@@ -204,7 +204,11 @@ class BatchWorkflow:
             workflow.logger.warning("line %s/%s lost: %s", lane.route_id, position, err.cause)
             lane.requeue(position, tries.model_copy(update={"lost": tries.lost + 1}))
         else:
-            if outcome.retry:
+            if outcome.preempted and workflow.patched(patches.PREEMPTED_LINE_REQUEUED):
+                # Live traffic took its seat back: first in the queue again, no back-off, no
+                # retry counted (`Tries.preempted` bounds it: the worker lets it finish later).
+                lane.requeue(position, tries.model_copy(update={"preempted": tries.preempted + 1}))
+            elif outcome.retry:
                 lane.requeue(position, tries.model_copy(update={"retries": tries.retries + 1}))
                 # Retry-After holds this batch's lane too, not only (once the scheduler has
                 # the signal) the route: no next line before it, whatever the signal's delay.

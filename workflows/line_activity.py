@@ -47,6 +47,7 @@ def line_input(
         priority=lane.priority,
         workspace=input.workspace,
         key_id=input.key_id,
+        preemptions=tries.preempted,
     )
 
 

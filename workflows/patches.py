@@ -64,6 +64,13 @@ which starts the event's delivery workflow when an endpoint is subscribed). Old 
 event; the run closes right after its last status. Histories: every one recorded before it
 (old), `batch_completed_announced.v1` and `batch_failed_announced.v1` (new)."""
 
+PREEMPTED_LINE_REQUEUED = "preempted-line-requeued"
+"""A line outcome `preempted` (preemptive yield: the worker closed the line's upstream request to
+give its seat to live traffic, committing nothing) puts the line back at the front of its lane's
+queue, without back-off and without counting a retry; `Tries.preempted` counts it. Asked only
+for such an outcome, which no worker returned before: every older history replays without it.
+Old branch (unreachable in recorded histories): the outcome was taken as a finished line."""
+
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""

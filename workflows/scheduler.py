@@ -22,6 +22,8 @@ with workflow.unsafe.imports_passed_through():
     from backfill import refs
     from backfill.gates import Gate, GateContext, route_gate
     from backfill.gates import live as live_gate
+    from backfill.gates import preempt as preempt_gate
+    from backfill.gates import seats as seats_gate
     from backfill.gates import server_load as load_gate
     from backfill.gates.backoff import back_off
     from backfill.gates.live import LiveCount, forget_stale, live_in_flight
@@ -209,9 +211,12 @@ class RouteSchedulerWorkflow:
         s = self._state
         yielding = live_gate.ENTRY.setting(s.settings)
         now = workflow.now().timestamp()
+        seat_aware = seats_gate.ENTRY.setting(s.settings)
         return LiveGateView(
             threshold=yielding.pause_at_in_flight if yielding else None,
             counts={p: c.in_flight for p, c in forget_stale(s.live, now).items()},
+            every_change=seat_aware is not None,
+            preempt=preempt_gate.policy(seat_aware, preempt_gate.ENTRY.setting(s.settings)),
         )
 
     @workflow.update

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from backfill.gates import backoff, live, seats, server_load, window
+from backfill.gates import backoff, live, preempt, seats, server_load, window
 from backfill.gates.base import GateContext, GateEntry
 
 GATES: tuple[GateEntry[Any], ...] = (
@@ -22,6 +22,7 @@ GATES: tuple[GateEntry[Any], ...] = (
     live.ENTRY,
     server_load.ENTRY,
     seats.ENTRY,
+    preempt.ENTRY,
 )
 """Checked in this order: the first closed gate names the reason."""
 

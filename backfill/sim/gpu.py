@@ -75,6 +75,8 @@ class GpuSequence:
     first_token_at: float | None = None
     finished_at: float | None = None
     aborted: bool = False
+    aborted_at: float | None = None
+    """When its client left (monotonic), if it did before its last token."""
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
 
     @property
@@ -120,6 +122,9 @@ class ClassCounters:
     """Tokens generated for this class, counted at each step (aborted requests' too)."""
     finished: int = 0
     aborted: int = 0
+    aborted_at: list[float] = field(default_factory=list)
+    """When each aborted request's client left (monotonic: comparable across processes of one
+    host), so a benchmark can time how fast a seat is taken back."""
 
 
 @dataclass
@@ -147,6 +152,7 @@ class LatencyLog:
             out[traffic] = {
                 "finished": c.finished,
                 "aborted": c.aborted,
+                "aborted_at": list(c.aborted_at),
                 "generated_tokens": c.generated_tokens,
                 "completion_tokens": sum(r.completion_tokens for r in recs),
                 "prompt_tokens": sum(r.prompt_tokens for r in recs),
@@ -235,11 +241,15 @@ class GpuEngine:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     def abort(self, seq: GpuSequence) -> None:
-        """The client left: free its seat and cache at once (like vLLM aborting a request)."""
+        """The client left: free its seat and cache at once (like vLLM aborting a request); a
+        waiting sequence takes the seat at the next step's admission."""
         if seq.aborted or seq.finished_at is not None:
             return
         seq.aborted = True
-        self.log.counters(seq.traffic).aborted += 1
+        seq.aborted_at = time.monotonic()
+        counters = self.log.counters(seq.traffic)
+        counters.aborted += 1
+        counters.aborted_at.append(seq.aborted_at)
         if seq in self._running:
             self._running.remove(seq)
         else:

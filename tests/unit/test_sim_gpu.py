@@ -358,3 +358,31 @@ async def test_cli_gpu_flags() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_batch_client_leaving_before_the_answer_gives_its_seat_to_a_waiting_request(
+    client_for: Callable[[SimServer], httpx.AsyncClient],
+) -> None:
+    """A non-streamed batch line whose client closes the connection (a preempted line) is
+    aborted: its seat goes to the waiting live request at the next step, and the abort's time
+    is reported."""
+    step_ms = 50
+    async with gpu_sim(GpuConfig(step_base_ms=step_ms, step_per_seq_ms=0), max_num_seqs=1) as sim:
+        c = client_for(sim)
+        batch = asyncio.create_task(
+            c.post(CHAT, json=body(max_tokens=10_000), headers={BATCH_HEADER: "batch_1"})
+        )
+        await until(c, lambda g: g["vllm:num_requests_running"] == 1)
+        live = asyncio.create_task(c.post(CHAT, json=body(max_tokens=2)))
+        await until(c, lambda g: g["vllm:num_requests_waiting"] == 1)
+        left = time.monotonic()
+        await cancel_all([batch])  # the connection closes before any byte of the answer
+        assert (await live).status_code == 200
+        lat = await latencies(c)
+        assert (lat["batch"]["aborted"], lat["batch"]["finished"]) == (1, 0)
+        assert lat["batch"]["generated_tokens"] < 10_000
+        [aborted_at] = lat["batch"]["aborted_at"]
+        assert left <= aborted_at < left + 1.0
+        # Admitted at the first step after the abort, not after the batch line's 500 s.
+        assert lat["live"]["finished"] == 1
+        assert lat["live"]["queued_ms"]["max"] < 2_000

@@ -1,0 +1,157 @@
+"""Preemptive yield on a worker: which of its running batch lines give their seat back, now.
+
+The api processes send each route's live count straight to every worker (`report`, through the
+worker's HTTP server: docs/decisions/0022); this board holds those counts and the lines this
+worker runs per route. When live requests and batch lines together need more seats than the route
+shares (`backfill.gates.preempt`), the youngest preemptible lines are told to stop (their
+`Ticket.preempted` event): the line activity closes the upstream request and returns
+`preempted`. A line about to go upstream waits at the door (`door`) while no seat is free beside
+live traffic, so a preempted line that the workflow starts again at once does not take the seat
+back before the route scheduler's allotment follows.
+
+A worker sees only its own lines: with several workers each preempts by its own, so preemption is
+conservative (it never ends more lines than the excess). Everything runs on the worker's event
+loop; `report` is called there (the HTTP thread hands it over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from backfill.gates.preempt import PreemptPolicy, excess, lines_to_preempt, may_send
+
+REPORT_TTL = 5.0
+"""Seconds an api process's report counts without being renewed (they renew every second while
+preemption is on): an api that died stops holding seats, a route switched off stops preempting."""
+DOOR_RECHECK = 1.0
+"""Seconds a line at the door waits before looking again without a report (reports expire)."""
+RATE_WEIGHT = 0.2
+"""Weight of the newest completed line in a route's tokens-per-second estimate."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One line on the board, from its activity's start to its end."""
+
+    route: str
+    preemptions: int
+    """Times the line was preempted before."""
+    sent_at: float | None = None
+    """When it went upstream (None: still at the door)."""
+    preempted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Report:
+    live: int
+    policy: PreemptPolicy | None
+    at: float
+
+
+@dataclass
+class _Route:
+    reports: dict[str, _Report] = field(default_factory=dict)
+    tickets: list[Ticket] = field(default_factory=list)
+    tokens_per_second: float | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class PreemptBoard:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._routes: dict[str, _Route] = {}
+
+    def _route(self, route: str) -> _Route:
+        return self._routes.setdefault(route, _Route())
+
+    # ---- what the api processes say ----
+    def report(self, route: str, process: str, live: int, policy: PreemptPolicy | None) -> int:
+        """An api process's live count on `route` and the route's policy; returns how many
+        lines were told to stop."""
+        r = self._route(route)
+        r.reports[process] = _Report(max(0, live), policy, self._clock())
+        r.changed.set()
+        r.changed = asyncio.Event()  # waiters hold the old one, now set
+        return self._preempt(route)
+
+    def _current(self, r: _Route) -> tuple[int, PreemptPolicy | None]:
+        """(live in flight summed over every api process still reporting, the newest policy)."""
+        now = self._clock()
+        fresh = [p for p in r.reports.values() if now - p.at < REPORT_TTL]
+        if not fresh:
+            return 0, None
+        newest = max(fresh, key=lambda p: p.at)
+        return sum(p.live for p in fresh), newest.policy
+
+    def policy(self, route: str) -> PreemptPolicy | None:
+        return self._current(self._route(route))[1]
+
+    def _preempt(self, route: str) -> int:
+        r = self._route(route)
+        live, policy = self._current(r)
+        if policy is None:
+            return 0
+        sending = [t for t in r.tickets if t.sent_at is not None and not t.preempted.is_set()]
+        n = excess(policy, live, len(sending))
+        if n == 0:
+            return 0
+        chosen = lines_to_preempt(
+            [t.sent_at or 0.0 for t in sending],
+            [t.preemptions < policy.max_preemptions for t in sending],
+            n,
+        )
+        for i in chosen:
+            sending[i].preempted.set()
+        return len(chosen)
+
+    # ---- what the line activities do ----
+    def enter(self, route: str, preemptions: int) -> Ticket:
+        ticket = Ticket(route, preemptions)
+        self._route(route).tickets.append(ticket)
+        return ticket
+
+    async def door(self, ticket: Ticket) -> None:
+        """Return when the line may go upstream: at once unless preemption is on for its route
+        and no seat is free beside live traffic; then it is counted as sending."""
+        r = self._route(ticket.route)
+        while True:
+            live, policy = self._current(r)
+            sending = sum(1 for t in r.tickets if t.sent_at is not None)
+            if policy is None or may_send(policy, live, sending):
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DOOR_RECHECK):
+                    await r.changed.wait()
+        ticket.sent_at = self._clock()
+
+    def leave(self, ticket: Ticket) -> None:
+        r = self._route(ticket.route)
+        with contextlib.suppress(ValueError):
+            r.tickets.remove(ticket)
+        r.changed.set()
+        r.changed = asyncio.Event()
+
+    def finished(self, ticket: Ticket, tokens: int) -> None:
+        """The line's answer came, with `tokens` generated since it went upstream (the route's
+        tokens per second per line, for `wasted_tokens`)."""
+        if tokens <= 0 or ticket.sent_at is None:
+            return
+        seconds = self._clock() - ticket.sent_at
+        if seconds <= 0:
+            return
+        r = self._route(ticket.route)
+        rate = tokens / seconds
+        old = r.tokens_per_second
+        r.tokens_per_second = rate if old is None else old + RATE_WEIGHT * (rate - old)
+
+    def wasted_tokens(self, ticket: Ticket) -> int:
+        """Tokens a preempted line had likely generated: its time upstream × the route's
+        tokens per second per line (learned from completed lines; 0 before the first)."""
+        rate = self._route(ticket.route).tokens_per_second
+        if rate is None or ticket.sent_at is None:
+            return 0
+        return int(rate * max(0.0, self._clock() - ticket.sent_at))

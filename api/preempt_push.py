@@ -1,0 +1,138 @@
+"""Sends this api process's live counts straight to the workers, for preemptive yield.
+
+A route whose `preempt` setting is on needs its batch lines ended within tens of milliseconds of a
+live arrival; a Temporal signal through the route scheduler and the batch to the line activity
+takes hundreds of milliseconds or more (docs/decisions/0023). So each api process POSTs the
+route's live count to every worker's HTTP server (`BACKFILL_PREEMPT_WORKER_URLS`, bearer
+`BACKFILL_PREEMPT_TOKEN`) at every change, and once a second as a keep-alive (a worker forgets a
+count not renewed in 5 s). Which routes have it on, and their seats, come from the scheduler's
+`live_gate` query (no history), re-read every `POLICY_TTL` seconds. Temporal or a worker being
+down never affects live traffic: failures are logged and the next change or tick tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import httpx
+from temporalio.service import RPCError, RPCStatusCode
+
+from api.live_traffic import LiveTraffic
+from api.temporal_link import TemporalLink
+from backfill import refs
+from backfill.gates.preempt import PreemptPolicy
+from backfill.ids import scheduler_workflow_id
+from backfill.messages import LiveCountReport
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_SECONDS = 1.0
+POLICY_TTL = 5.0
+"""Seconds a route's policy is reused before the scheduler is asked again (turning preemption
+on or off takes effect within this)."""
+SEND_TIMEOUT = 1.0
+
+
+class PreemptSender:
+    def __init__(
+        self,
+        live: LiveTraffic,
+        link: TemporalLink,
+        routes: list[str],
+        worker_urls: list[str],
+        token: str,
+        process: str,
+    ) -> None:
+        self.live = live
+        self.link = link
+        self.routes = routes
+        self.urls = [u.rstrip("/") + "/preempt/live" for u in worker_urls]
+        self.process = process
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._policies: dict[str, PreemptPolicy | None] = {}
+        self._policies_at = -1e9
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._unsubscribe = live.subscribe(self._changed)
+        self.sent = 0
+
+    def _changed(self, route: str, count: int) -> None:
+        if self._policies.get(route) is not None:
+            self._dirty.add(route)
+            self._wake.set()
+
+    def start(self) -> None:
+        self._http = httpx.AsyncClient(trust_env=False, timeout=SEND_TIMEOUT)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._unsubscribe()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _run(self) -> None:
+        last_keepalive = -1e9
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(KEEPALIVE_SECONDS):
+                    await self._wake.wait()
+            self._wake.clear()
+            now = time.monotonic()
+            if now - self._policies_at >= POLICY_TTL:
+                await self._read_policies()
+                self._policies_at = now
+            on = [r for r in self.routes if self._policies.get(r) is not None]
+            if now - last_keepalive >= KEEPALIVE_SECONDS:
+                due, last_keepalive = set(on), now
+            else:
+                due = self._dirty & set(on)
+            self._dirty.clear()
+            await asyncio.gather(*(self._send(r) for r in due))
+
+    async def _send(self, route: str) -> None:
+        assert self._http is not None
+        report = LiveCountReport(
+            route=route,
+            process=self.process,
+            live=self.live.count(route),
+            policy=self._policies.get(route),
+        )
+        body = report.model_dump_json().encode()
+        headers = {**self._headers, "Content-Type": "application/json"}
+
+        async def one(url: str) -> None:
+            assert self._http is not None
+            try:
+                resp = await self._http.post(url, content=body, headers=headers)
+                if resp.status_code != 204:
+                    log.warning("worker %s refused a live count (%d)", url, resp.status_code)
+            except httpx.HTTPError as err:
+                log.debug("live count not sent to %s: %s", url, err)
+
+        await asyncio.gather(*(one(u) for u in self.urls))
+        self.sent += 1
+
+    async def _read_policies(self) -> None:
+        for route in self.routes:
+            try:
+                handle = self.link.client().get_workflow_handle_for(
+                    refs.RouteSchedulerWorkflow.run, scheduler_workflow_id(route)
+                )
+                view = await handle.query(refs.RouteSchedulerWorkflow.live_gate)
+                self._policies[route] = view.preempt
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    self._policies[route] = None  # no scheduler: no batch line to end
+                else:
+                    log.debug("preemption policy of %s not read: %s", route, err)
+            except Exception as err:  # Temporal down or slow: keep what we had
+                log.debug("preemption policy of %s not read: %s", route, err)

@@ -1,0 +1,241 @@
+"""Preemptive yield: the pure decision (`backfill.gates.preempt`), a worker's board
+(`activities.preemption`), the line activity ending its upstream request without committing
+(exactly once per custom_id), and the worker's channel endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+from temporalio.testing import ActivityEnvironment
+
+from activities.lines import LineActivities
+from activities.preemption import REPORT_TTL, PreemptBoard
+from api.live_reporter import should_report
+from backfill.gates.preempt import Preempt, PreemptPolicy, excess, lines_to_preempt, may_send
+from backfill.gates.preempt import policy as preempt_policy
+from backfill.gates.seats import SeatAware
+from backfill.messages import LineOutcome, RouteSettings
+from tests.unit.test_run_line import BATCH, OK_BODY, line, make, record
+from worker.preempt_channel import PreemptChannel
+
+POLICY = PreemptPolicy(batch_seats=4, max_preemptions=2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_youngest_preemptible_lines_are_chosen() -> None:
+    started = [1.0, 5.0, 3.0, 4.0]
+    assert lines_to_preempt(started, [True] * 4, 2) == [1, 3]
+    assert lines_to_preempt(started, [True, False, True, True], 2) == [3, 2]
+    assert lines_to_preempt(started, [True] * 4, 0) == []
+    assert lines_to_preempt(started, [False] * 4, 3) == []
+
+
+def test_excess_and_the_door_share_the_seats_of_seat_aware_admission() -> None:
+    # 6 seats, 2 kept free: live and batch lines share 4.
+    p = preempt_policy(SeatAware(seats=6, keep_free=2), Preempt(max_preemptions=2))
+    assert p == POLICY
+    assert excess(p, live=1, batch_sending=3) == 0
+    assert excess(p, live=3, batch_sending=3) == 2
+    assert may_send(p, live=1, batch_sending=2) and not may_send(p, live=2, batch_sending=2)
+    assert preempt_policy(None, Preempt()) is None  # it needs seat-aware admission's seats
+    assert preempt_policy(SeatAware(seats=6), None) is None
+
+
+def test_the_setting_is_off_by_default_and_validated() -> None:
+    assert RouteSettings().model_dump()["preempt"] is None
+    s = RouteSettings.model_validate({"preempt": {"max_preemptions": 3}})
+    assert s.model_dump()["preempt"] == {"max_preemptions": 3}
+    with pytest.raises(ValueError, match="max_preemptions"):
+        RouteSettings.model_validate({"preempt": {"max_preemptions": 0}})
+
+
+async def test_a_live_count_over_the_shared_seats_stops_the_youngest_lines() -> None:
+    clock = Clock()
+    board = PreemptBoard(clock)
+    tickets = []
+    for i, preemptions in enumerate([0, 0, 2, 0]):  # the third was preempted twice already
+        clock.now = 1000.0 + i
+        t = board.enter("r1", preemptions)
+        await board.door(t)  # no report yet: preemption is off, the door is open
+        tickets.append(t)
+    assert board.report("r1", "api-a", 0, POLICY) == 0  # 4 lines, 0 live: fits in 4
+    assert board.report("r1", "api-a", 1, POLICY) == 1
+    assert [t.preempted.is_set() for t in tickets] == [False, False, False, True]
+    board.leave(tickets[3])
+    # Two api processes' counts add up; the line preempted twice runs to its end.
+    assert board.report("r1", "api-b", 2, POLICY) == 2
+    assert [t.preempted.is_set() for t in tickets[:3]] == [True, True, False]
+    # Preemption off (the route's policy None): nothing more is stopped.
+    other = board.enter("r2", 0)
+    await board.door(other)
+    assert board.report("r2", "api-a", 50, None) == 0 and not other.preempted.is_set()
+
+
+async def test_a_line_waits_at_the_door_while_no_seat_is_free_and_reports_expire() -> None:
+    clock = Clock()
+    board = PreemptBoard(clock)
+    board.report("r1", "api-a", 4, POLICY)  # live fills the 4 shared seats
+    t = board.enter("r1", 0)
+    door = asyncio.ensure_future(board.door(t))
+    await asyncio.sleep(0.01)
+    assert not door.done() and t.sent_at is None
+    board.report("r1", "api-a", 3, POLICY)  # one seat free
+    await asyncio.wait_for(door, 1)
+    assert t.sent_at == clock.now
+    # An api process that stops renewing its count stops holding seats.
+    board.report("r1", "api-a", 4, POLICY)
+    clock.now += REPORT_TTL
+    assert board.policy("r1") is None
+    await asyncio.wait_for(board.door(board.enter("r1", 0)), 1)
+
+
+def test_seat_aware_admission_reports_every_change() -> None:
+    common = {"others": 0, "processes": 1, "threshold": None, "since_sent": 0.0}
+    assert not should_report(current=3, held=None, **common)  # no gate reads live counts
+    assert should_report(current=3, held=None, every_change=True, **common)
+    assert should_report(current=2, held=3, every_change=True, **common)
+    assert not should_report(current=3, held=3, every_change=True, **common)
+    keepalive = {**common, "since_sent": 10.0}
+    assert should_report(current=3, held=3, every_change=True, **keepalive)
+
+
+# ---- the line activity ----
+
+
+def hanging_upstream() -> tuple[httpx.MockTransport, asyncio.Event, list[str]]:
+    """An upstream that answers only when `release` is set; `seen` records each request's end."""
+    release = asyncio.Event()
+    seen: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append("sent")
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            seen.append("closed")  # the gateway closed the request: the server aborts it
+            raise
+        return httpx.Response(200, json=OK_BODY)
+
+    return httpx.MockTransport(handler), release, seen
+
+
+async def preemptible(tmp_path: Path, transport: httpx.MockTransport) -> tuple[LineActivities, str]:
+    """`make`'s activities (it validates with asyncio.run: in a thread), with a board."""
+    acts, file_id, store = await asyncio.to_thread(make, tmp_path, lambda r: httpx.Response(500))
+    board = PreemptBoard()
+    acts = LineActivities(acts.settings, store, httpx.AsyncClient(transport=transport), None, board)
+    return acts, file_id
+
+
+def counter(name: str) -> float:
+    return REGISTRY.get_sample_value(name, {"route": "r1"}) or 0.0
+
+
+async def until_sending(acts: LineActivities) -> None:
+    assert acts.preempt is not None
+    for _ in range(500):
+        r = acts.preempt._routes.get("r1")
+        if r is not None and any(t.sent_at is not None for t in r.tickets):
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("the line never went upstream")
+
+
+async def test_a_preempted_line_closes_its_request_and_commits_nothing(tmp_path: Path) -> None:
+    transport, release, seen = hanging_upstream()
+    acts, file_id = await preemptible(tmp_path, transport)
+    assert acts.preempt is not None
+    before = counter("gateway_batch_preempted_lines_total")
+    inp = line(file_id, final=False).model_copy(update={"timeout_seconds": 30})
+    running = asyncio.ensure_future(ActivityEnvironment().run(acts.run_line, inp))
+    await until_sending(acts)
+    acts.preempt.report("r1", "api-a", 4, POLICY)  # live fills every shared seat
+    outcome: LineOutcome = await asyncio.wait_for(running, 5)
+    assert outcome.preempted and not outcome.ok and not outcome.retry
+    assert seen == ["sent", "closed"]
+    assert acts.store.get_result(BATCH, 0) is None  # nothing committed
+    assert counter("gateway_batch_preempted_lines_total") == before + 1
+    # Live traffic leaves; the line runs again (as the workflow requeues it) and is committed.
+    acts.preempt.report("r1", "api-a", 0, POLICY)
+    release.set()
+    again = await ActivityEnvironment().run(
+        acts.run_line, inp.model_copy(update={"preemptions": 1})
+    )
+    assert again.ok and not again.preempted
+    assert record(acts.store)["custom_id"] == "c0"
+
+
+async def test_a_line_preempted_max_times_runs_to_its_end(tmp_path: Path) -> None:
+    transport, release, seen = hanging_upstream()
+    acts, file_id = await preemptible(tmp_path, transport)
+    assert acts.preempt is not None
+    inp = line(file_id).model_copy(update={"timeout_seconds": 30, "preemptions": 2})
+    running = asyncio.ensure_future(ActivityEnvironment().run(acts.run_line, inp))
+    await until_sending(acts)
+    assert acts.preempt.report("r1", "api-a", 4, POLICY) == 0
+    release.set()
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.ok and seen == ["sent"]
+
+
+async def test_a_preemption_as_the_line_commits_changes_nothing(tmp_path: Path) -> None:
+    """First writer wins: a line whose answer is in is committed even if live traffic needs its
+    seat at that moment, exactly once; a preempted re-run of a committed line commits nothing."""
+    acts, file_id = await preemptible(
+        tmp_path, httpx.MockTransport(lambda r: httpx.Response(200, json=OK_BODY))
+    )
+    board = acts.preempt
+    assert board is not None
+    commit = acts.store.commit_result
+
+    def commit_while_preempted(batch_id: str, line_no: int, data: bytes):  # type: ignore[no-untyped-def]
+        board.report("r1", "api-a", 4, POLICY)  # arrives as the record is written
+        return commit(batch_id, line_no, data)
+
+    acts.store.commit_result = commit_while_preempted  # type: ignore[method-assign]
+    outcome = await ActivityEnvironment().run(acts.run_line, line(file_id))
+    assert outcome.ok and not outcome.preempted
+    first = acts.store.get_result(BATCH, 0)
+    # The same line run again (its earlier run's worker was thought lost): the record stands.
+    board.report("r1", "api-a", 0, POLICY)
+    again = await ActivityEnvironment().run(acts.run_line, line(file_id))
+    assert again.ok and acts.store.get_result(BATCH, 0) == first
+    assert json.loads(first or b"{}")["custom_id"] == "c0"
+
+
+# ---- the worker's channel ----
+
+
+async def test_the_channel_needs_the_token_and_a_valid_report() -> None:
+    board = PreemptBoard()
+    channel = PreemptChannel(board, asyncio.get_running_loop(), "s3cret")
+    body = json.dumps(
+        {"route": "r1", "process": "api-a", "live": 2, "policy": POLICY.model_dump()}
+    ).encode()
+    assert channel.handle(None, body) == 401
+    assert channel.handle("Bearer wrong", body) == 401
+    assert channel.handle("Bearer s3cret", b'{"route": "r1"}') == 400
+    assert channel.handle("Bearer s3cret", body) == 204
+    await asyncio.sleep(0)  # handed to the loop
+    assert board.policy("r1") == POLICY
+
+
+def test_the_shipped_bursty_vllm_example_is_a_valid_settings_document() -> None:
+    path = Path(__file__).parents[2] / "deploy/examples/batch-scheduling/bursty-vllm.json"
+    s = RouteSettings.model_validate_json(path.read_text())
+    doc = s.model_dump()
+    assert (
+        doc["preempt"] is not None and doc["seat_aware"]["keep_free"] < doc["seat_aware"]["seats"]
+    )
