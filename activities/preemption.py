@@ -1,7 +1,7 @@
 """Preemptive yield on a worker: which of its running batch lines give their seat back, now.
 
 The api processes send each route's live count straight to every worker (`report`, through the
-worker's HTTP server: docs/decisions/0022); this board holds those counts and the lines this
+worker's HTTP server: docs/decisions/0023); this board holds those counts and the lines this
 worker runs per route. When live requests and batch lines together need more seats than the route
 shares (`backfill.gates.preempt`), the youngest preemptible lines are told to stop (their
 `Ticket.preempted` event): the line activity closes the upstream request and returns

@@ -214,7 +214,7 @@ class Settings(BaseSettings):
         default=None, repr=False, validation_alias="BACKFILL_PREEMPT_TOKEN"
     )
     """Shared secret of the api processes and workers for preemptive yield's direct channel
-    (docs/decisions/0022): a worker accepts live counts only with it, an api sends them only
+    (docs/decisions/0023): a worker accepts live counts only with it, an api sends them only
     with it. Unset: the channel is off and no line is ever preempted. Never logged."""
     preempt_worker_urls: str = Field(default="", validation_alias="BACKFILL_PREEMPT_WORKER_URLS")
     """api processes: comma-separated base URLs of the workers' HTTP servers (their `/metrics`

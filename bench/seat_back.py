@@ -1,5 +1,5 @@
 """How fast the gateway takes a seat back: a live request arrives at the api → a batch line's
-upstream request is closed at the simulator (preemptive yield, docs/decisions/0022).
+upstream request is closed at the simulator (preemptive yield, docs/decisions/0023).
 
     PYTHONPATH=. .venv/bin/python -m bench.seat_back --samples 30
 

@@ -5,7 +5,7 @@ later. Opt-in per route, and only with seat-aware admission on (it defines the s
 This gate never closes: admission is seat-aware admission's. What it decides is which running
 lines a worker ends, when the gateway's live count needs seats (`lines_to_preempt`, pure), and a
 line preempted `max_preemptions` times runs to the end next time. The decision is taken on the
-workers, from live counts the api processes send them directly (docs/decisions/0022): a Temporal
+workers, from live counts the api processes send them directly (docs/decisions/0023): a Temporal
 signal path is too slow for a live request's time to first token.
 """
 
