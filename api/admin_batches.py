@@ -67,13 +67,13 @@ def batch_filters(
     status. Shared by this listing and the console's (which pins a member to its workspace)."""
     filters = []
     if workspace is not None:
-        filters.append(f"{sa.WORKSPACE.name} = '{batches.quote(workspace)}'")
+        filters.append(f"{sa.WORKSPACE.name} = '{sa.quote(workspace)}'")
     if status is not None:
         if status not in get_args(BatchStatus):
             raise InvalidRequest(f"Unknown batch status {status!r}.", param="status")
         filters.append(f"{sa.STATUS.name} = '{status}'")
     if model is not None:
-        filters.append(f"{sa.MODELS.name} = '{batches.quote(model)}'")
+        filters.append(f"{sa.MODELS.name} = '{sa.quote(model)}'")
     if created_after is not None:
         filters.append(f"{sa.CREATED_AT.name} >= {created_after}")
     if created_before is not None:

@@ -187,7 +187,7 @@ async def list_batches(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
-    query = f"{sa.WORKSPACE.name} = '{quote(identity.workspace)}'"
+    query = f"{sa.WORKSPACE.name} = '{sa.quote(identity.workspace)}'"
     return await list_page(client, query, after=after, limit=limit)
 
 
@@ -402,10 +402,6 @@ async def _load_or_stub(client: Client, batch_id: str) -> Batch:
 
 def _workspace(desc: WorkflowExecutionDescription) -> str:
     return desc.typed_search_attributes.get(sa.WORKSPACE) or ""
-
-
-def quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 __all__ = ["router", "RPCStatusCode"]

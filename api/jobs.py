@@ -158,7 +158,7 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> JobList:
     """The caller's workspace's jobs, newest first (`after`: the last id of the previous page)."""
-    query = f"{sa.WORKSPACE.name} = '{batches.quote(identity.workspace)}'"
+    query = f"{sa.WORKSPACE.name} = '{sa.quote(identity.workspace)}'"
     page = await batches.list_page(client, query, after=after, limit=limit, keep=_is_job)
     jobs = await asyncio.gather(*(_view(store, b) for b in page.data))
     return JobList(

@@ -44,7 +44,7 @@ async def retry_link(
 
 async def retries_of(client: Client, batch_id: str) -> list[str]:
     """The batches linked as retries of this one, oldest first."""
-    query = f"WorkflowType = 'BatchWorkflow' AND {sa.RETRY_OF.name} = '{_quote(batch_id)}'"
+    query = f"WorkflowType = 'BatchWorkflow' AND {sa.RETRY_OF.name} = '{sa.quote(batch_id)}'"
     found: dict[str, int] = {}
     try:
         async for ex in client.list_workflows(query, page_size=MAX_LISTED):
@@ -59,7 +59,3 @@ async def retries_of(client: Client, batch_id: str) -> list[str]:
         log.debug("retries of %s not listed: %s", batch_id, err)
         return []
     return sorted(found, key=lambda i: (found[i], i))
-
-
-def _quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")

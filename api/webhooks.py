@@ -21,7 +21,6 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.batches import quote
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from api.schemas import COMMON_ERRORS, error_responses
@@ -248,7 +247,9 @@ async def list_deliveries(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> WebhookDeliveryList:
     """The delivery log: the workspace's latest events and how each delivery went."""
-    query = f"WorkflowType = 'WebhookEventWorkflow' AND {sa.WORKSPACE.name} = '{quote(workspace)}'"
+    query = (
+        f"WorkflowType = 'WebhookEventWorkflow' AND {sa.WORKSPACE.name} = '{sa.quote(workspace)}'"
+    )
     found: list[EventDeliveries] = []
     async for ex in client.list_workflows(query, limit=limit):
         memo = await ex.memo_value(DELIVERIES_MEMO, None)

@@ -28,3 +28,8 @@ ALL: dict[str, str] = {
     RETRY_OF.name: "Keyword",
 }
 """Name → type, as `temporal server start-dev --search-attribute NAME=TYPE` takes them."""
+
+
+def quote(value: str) -> str:
+    """`value` made safe inside a visibility query's single quotes (`... = '<value>'`)."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
