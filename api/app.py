@@ -25,6 +25,7 @@ from api import (
     proxy,
 )
 from api.console.sampler import RouteSampler
+from api.live_limits import LiveLimits
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
@@ -55,6 +56,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.state.usage = UsageJournal(settings.data_dir)
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
+        app.state.live_limits = LiveLimits()
         if client is not None:
             link = TemporalLink.connected(client)
         else:

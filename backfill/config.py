@@ -125,6 +125,9 @@ class WorkspaceLimits(_Strict):
     """Bytes of files the workspace may keep stored: uploads, batch outputs, and the pinned
     inputs of its running batches whose upload was deleted (None: no limit). Only uploads are
     refused; a batch's output is always written."""
+    max_live_in_flight: int | None = Field(default=256, ge=1)
+    """Live requests (the proxy's chat, completions, embeddings...) in flight at once, per api
+    process; one more answers 429 at once (None: no limit)."""
     share_weight: int = Field(default=1, ge=1, le=1000)
     """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
 
