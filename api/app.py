@@ -88,7 +88,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             await link.stop()
             app.state.usage.close()
 
-    app = FastAPI(title="backfill", lifespan=lifespan)
+    # No /docs or /redoc: their pages load scripts from a CDN onto the console's origin.
+    # The schema stays at /openapi.json.
+    app = FastAPI(title="backfill", lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.

@@ -159,3 +159,28 @@ class CatchAll:
                 raise  # half a response is out: only closing the connection is honest
             msg = "The server had an error processing your request."
             await _send_error(send, 500, _envelope(msg, "server_error", None))
+
+
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+"""One year; no `includeSubDomains`: the gateway does not speak for its parent domain's hosts."""
+
+
+class HstsOverHttps:
+    """`Strict-Transport-Security` on every answer to a request that came over https: directly,
+    or through a trusted proxy's `X-Forwarded-Proto` (uvicorn's `forwarded_allow_ips` sets the
+    scheme before the app runs). Over plain http the header would mean nothing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("scheme") != "https":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hsts(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), HSTS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_hsts)

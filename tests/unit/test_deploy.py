@@ -128,7 +128,7 @@ def test_prometheus_config_loads_the_rules_and_scrapes_api_and_workers() -> None
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     api_targets = jobs["backfill-api"]["static_configs"][0]["targets"]
     worker_targets = jobs["backfill-worker"]["static_configs"][0]["targets"]
-    assert sorted(api_targets) == ["api-1:8000", "api-2:8000"]
+    assert sorted(api_targets) == ["api-1:9465", "api-2:9465"]  # the key-less metrics port
     assert sorted(worker_targets) == ["worker-1:9464", "worker-2:9464"]
     result = run_promtool("check", "config", "prometheus.yml", cwd=PROMETHEUS)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -304,6 +304,7 @@ def test_compose_apis_and_workers_share_the_file_store_and_config() -> None:
         assert env["BACKFILL_DATA_DIR"] == "/data"
         assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
         assert env["BACKFILL_WORKER_METRICS_PORT"] == "9464"
+        assert env["BACKFILL_API_METRICS_PORT"] == "9465"  # what prometheus.yml scrapes
     config = (DEPLOY / "compose" / "backfill.toml").read_text()
     assert 'data_dir = "/data"' in config
     assert "fd500b8b04ab347d" not in config, "the shipped dev key must not be exposed"
@@ -421,6 +422,19 @@ def test_chart_renders_api_and_workers_against_existing_temporal() -> None:
     }
     assert worker_env["BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES"] == "64"
     assert worker_env["BACKFILL_WORKER_METRICS_PORT"] == "9464"
+    # The api's key-less /metrics: its own port, on the pod's IP; the Service carries it.
+    (api_container,) = api["spec"]["template"]["spec"]["containers"]
+    api_env = {e["name"]: e for e in api_container["env"]}
+    assert api_env["BACKFILL_API_METRICS_PORT"]["value"] == "9465"
+    assert api_env["BACKFILL_API_METRICS_HOST"]["valueFrom"]["fieldRef"] == {
+        "fieldPath": "status.podIP"
+    }
+    assert {p["name"]: p["containerPort"] for p in api_container["ports"]} == {
+        "http": 8000,
+        "metrics": 9465,
+    }
+    api_service = docs[("Service", "backfill-api")]
+    assert {p["name"] for p in api_service["spec"]["ports"]} == {"http", "metrics"}
     pvc = docs[("PersistentVolumeClaim", "backfill-files")]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     config = docs[("ConfigMap", "backfill-config")]
@@ -442,6 +456,8 @@ def test_chart_existing_claim_and_optional_objects() -> None:
     )
     (monitor,) = [d for d in full if d["kind"] == "ServiceMonitor"]
     assert monitor["spec"]["jobLabel"] == "backfill.io/scrape-job"
+    # Only the key-less metrics ports: the api's http port answers /metrics to keys only.
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     jobs = {
         d["metadata"]["labels"].get("backfill.io/scrape-job")
         for d in full
