@@ -95,7 +95,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, rule_for=body_rules(settings))
+    app.add_middleware(
+        BodyLimit,
+        rule_for=body_rules(settings),
+        key_known=lambda k: settings.key_for(k) is not None,
+    )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(files.router)
     app.include_router(batches.router)
@@ -124,8 +128,11 @@ def body_rules(settings: Settings) -> Callable[[str, str], BodyRule]:
     )
     live = BodyRule(max(limits.max_request_bytes, limits.max_line_bytes))
     other = BodyRule(limits.max_request_bytes)
+    console = BodyRule(limits.max_request_bytes, keyed=False)  # its forms carry a session
 
     def rule_for(method: str, path: str) -> BodyRule:
+        if path == "/console" or path.startswith("/console/"):
+            return console
         if path.rstrip("/") == "/v1/files":
             return upload
         if path in LIVE_PATHS:

@@ -20,6 +20,10 @@ from backfill.config import Settings, check_exposure, warn_missing_upstream_keys
 
 log = logging.getLogger(__name__)
 
+MAX_HEADER_BYTES = 16 * 1024
+"""The most of a request line and headers the api holds before they are complete; more answers
+400 and closes the connection (h11's `max_incomplete_event_size`, set explicitly)."""
+
 
 def around(app: ASGIApp, settings: Settings) -> ASGIApp:
     """`app` as the process serves it: unknown `Host` names refused (400), HSTS over https."""
@@ -37,6 +41,11 @@ def server_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
         host=settings.api_host,
         port=settings.api_port,
         forwarded_allow_ips=settings.forwarded_allow_ips,
+        # What the process itself bounds against slow or idle clients (the rest, e.g. a header
+        # read timeout, is the reverse proxy's: docs/operations.md).
+        limit_concurrency=settings.api_max_concurrency,
+        timeout_keep_alive=settings.api_keepalive_seconds,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         # BACKFILL_LOG_LEVEL (configured on the root logger by the CLI) for uvicorn's loggers too.
         log_level=logging.getLogger().getEffectiveLevel(),
         access_log=False,

@@ -200,6 +200,17 @@ class Settings(BaseSettings):
     `X-Forwarded-Proto` the api believes (uvicorn's `forwarded_allow_ips`). Behind a TLS proxy
     on another host, name it here: the console's cookies get `Secure` and answers get HSTS
     only when the request is known to have come over https."""
+    api_max_concurrency: int = Field(
+        default=2048, ge=1, validation_alias="BACKFILL_API_MAX_CONCURRENCY"
+    )
+    """Connections (or requests) the api serves at once; past it uvicorn answers 503 at once, so
+    slow or idle clients cannot hold every socket and file descriptor (uvicorn's
+    `limit_concurrency`). Keep it above the live requests you expect at once."""
+    api_keepalive_seconds: int = Field(
+        default=5, ge=1, le=600, validation_alias="BACKFILL_API_KEEPALIVE_SECONDS"
+    )
+    """How long an idle keep-alive connection to the api stays open (uvicorn's
+    `timeout_keep_alive`). A load balancer in front should close idle connections sooner."""
     api_allowed_hosts: str = Field(default="", validation_alias="BACKFILL_API_ALLOWED_HOSTS")
     """Comma-separated `Host` names the api answers (`*.example.com` patterns, `*`: any); other
     requests get 400. Empty: the loopback names when `api_host` is a loopback address (so a web

@@ -1,7 +1,9 @@
 """What the api exposes, served as `backfill api` serves it (`api.main.server_config`: a real
 uvicorn on loopback): `/metrics` only to platform_admin and auditor keys (and on a port of its
 own when configured), no `/docs` page loading a CDN's scripts, the `Host` allow-list, and HSTS
-plus `Secure` cookies over https, believed from `X-Forwarded-Proto` only from trusted proxies."""
+plus `Secure` cookies over https, believed from `X-Forwarded-Proto` only from trusted proxies;
+and what it bounds against slow clients: the key checked before a body is read, connections at
+once, idle keep-alive connections, header size."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from api.app import create_app
 from api.main import server_config
 from backfill.config import ApiKeyConfig, Settings, hash_key
 from backfill.dev.procs import free_port
+from tests.polling import poll_until
 
 KEYS = {"sk-u-member": "member", "sk-u-admin": "platform_admin", "sk-u-auditor": "auditor"}
 
@@ -125,3 +128,77 @@ async def test_https_through_a_trusted_proxy_gets_hsts_and_secure_cookies(serve:
         resp = await http.get("/console/sign-in", headers=https)
         assert "strict-transport-security" not in resp.headers
         assert "secure" not in resp.headers["set-cookie"].lower()
+
+
+# ---- slow and idle clients: what the process itself bounds -------------------------------------
+
+
+async def raw_request(url: str, head: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head)
+    await writer.drain()
+    return reader, writer
+
+
+async def status_line(reader: asyncio.StreamReader, within: float = 5.0) -> bytes:
+    return (await asyncio.wait_for(reader.readline(), within)).strip()
+
+
+async def test_a_body_without_a_known_key_is_refused_before_any_of_it_is_read(
+    serve: Serve,
+) -> None:
+    """A chunked body used to be read (up to 1 MiB) before the key was checked: a client that
+    sends one chunk and stalls, without a key, must be answered 401 at once."""
+    async with serve() as url:
+        for auth_header in (b"", b"Authorization: Bearer sk-not-a-key\r\n"):
+            reader, writer = await raw_request(
+                url,
+                b"POST /v1/batches HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + auth_header
+                + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b'5\r\n{"a":\r\n',  # ... and never the rest
+            )
+            assert await status_line(reader) == b"HTTP/1.1 401 Unauthorized"
+            writer.close()
+        # A known key's body is read as before (here: an incomplete batch, 400).
+        async with httpx.AsyncClient(base_url=url, headers=bearer("sk-u-member")) as http:
+            resp = await http.post("/v1/batches", json={"endpoint": "/v1/chat/completions"})
+            assert resp.status_code == 400
+
+
+async def test_connections_past_the_limit_are_answered_503(serve: Serve) -> None:
+    async with serve(api_max_concurrency=2) as url:
+        idle = [await raw_request(url, b"") for _ in range(2)]  # connected, sending nothing
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/openapi.json")).status_code == 503
+            for _, writer in idle:
+                writer.close()
+            for _, writer in idle:
+                await writer.wait_closed()
+
+            async def served() -> int:
+                return (await http.get("/openapi.json")).status_code
+
+            await poll_until(served, lambda s: s == 200, timeout=5, what="served again")
+
+
+async def test_an_idle_keep_alive_connection_is_closed(serve: Serve) -> None:
+    async with serve(api_keepalive_seconds=1) as url:
+        reader, writer = await raw_request(
+            url, b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        assert await status_line(reader) == b"HTTP/1.1 200 OK"
+        # The answer, then EOF once the connection was idle for 1 s (uvicorn's default: 5 s).
+        rest = await asyncio.wait_for(reader.read(), 3.5)
+        assert rest.endswith(b"}") and reader.at_eof()
+        writer.close()
+
+
+async def test_headers_past_the_bound_are_refused(serve: Serve) -> None:
+    async with serve() as url:
+        reader, writer = await raw_request(
+            url, b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 17_000
+        )
+        assert (await status_line(reader)).startswith(b"HTTP/1.1 400")
+        writer.close()
