@@ -714,3 +714,50 @@ def test_chart_manifests_match_the_kubernetes_schemas(values: dict[str, Any]) ->
     assert len(documents) >= 5  # api, worker, their services, the ConfigMap
     for doc in documents:
         kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("values", [{}, SPLIT_VALUES], ids=["default", "split"])
+def test_chart_pods_are_locked_down_by_default(values: dict[str, Any]) -> None:
+    """No service-account token, the runtime's seccomp profile, metrics on the pod's IP only,
+    and NetworkPolicies: the workers take nothing but scrapes, and every pod talks only to
+    DNS, Temporal and the model servers."""
+    docs = by_kind_and_name(values)
+    deployments = [d for (kind, _), d in docs.items() if kind == "Deployment"]
+    assert len(deployments) == (3 if values else 2)
+    policies = {name: d for (kind, name), d in docs.items() if kind == "NetworkPolicy"}
+    assert set(policies) == {"backfill-api", "backfill-worker"}
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        _, env, _ = pod_parts(deployment)
+        for name in ("BACKFILL_WORKER_METRICS_HOST", "BACKFILL_API_METRICS_HOST"):
+            if name in env:
+                assert env[name] == {
+                    "name": name,
+                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                }
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        component = labels["app.kubernetes.io/component"]
+        (policy,) = [
+            p for p in policies.values() if selects(p["spec"]["podSelector"]["matchLabels"], labels)
+        ]
+        assert policy["metadata"]["name"] == f"backfill-{component}"
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        ingress_ports = [port["port"] for rule in spec["ingress"] for port in rule["ports"]]
+        assert ingress_ports == (["http", "metrics"] if component == "api" else ["metrics"])
+        egress = spec["egress"]
+        assert [p["port"] for p in egress[0]["ports"]] == [53, 53]  # DNS
+        assert egress[1]["ports"] == [{"port": 7233, "protocol": "TCP"}]  # Temporal
+        assert egress[1]["to"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "temporal"}}}
+        ]
+        assert egress[2] == {"to": [{"namespaceSelector": {}}]}  # model servers, in-cluster
+        assert len(egress) == 3
+    # Off when asked (e.g. a CNI without NetworkPolicy), and more egress when asked.
+    off = by_kind_and_name({"networkPolicy": {"enabled": False}})
+    assert not [k for k in off if k[0] == "NetworkPolicy"]
+    s3 = {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}], "ports": [{"port": 443}]}
+    extra = by_kind_and_name({"networkPolicy": {"egress": {"extra": [s3]}}})
+    assert s3 in extra[("NetworkPolicy", "backfill-worker")]["spec"]["egress"]
