@@ -2,7 +2,7 @@
 requests unaffected? Measured on real processes: the simulator as upstream and two api
 processes on it (no Temporal needed: the live proxy does not use it).
 
-    .venv/bin/python -m bench.live_isolation --flood 1100 --requests 200
+    .venv/bin/python -m bench.live_isolation --flood 1100 --requests 40
 
 - api "capped": the shipped default `max_live_in_flight` (256) for every workspace;
 - api "uncapped": the same, but alpha may have `--flood` streams in flight.
@@ -22,6 +22,8 @@ import argparse
 import asyncio
 import collections
 import json
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +35,9 @@ from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, auth
 
+REFUSED_BACKOFF = 5.0
+"""Seconds a flood stream refused with 429 waits before it tries again (a client that honours
+429; one that retries at once costs the api CPU for every refusal, which no cap prevents)."""
 MSG = [{"role": "user", "content": "one two three four five six seven eight"}]
 
 
@@ -70,7 +75,7 @@ class Flood:
                     self.statuses[resp.status_code] += 1
                     if resp.status_code != 200:
                         await resp.aread()
-                        await asyncio.sleep(0.5)  # a refused client backs off a little
+                        await asyncio.sleep(REFUSED_BACKOFF)
                         continue
                     self.open += 1
                     try:
@@ -119,6 +124,11 @@ async def measure(url: str, n: int, concurrency: int) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    # SIGTERM/SIGINT cancel the run, so the api processes it started are stopped (finally).
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
     tmp = Path(tempfile.mkdtemp(prefix="bench-live-isolation-"))
     sim = SimConfig(
         model_names=[],
@@ -148,6 +158,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await s.wait_healthy(temporal=False)
         out: dict[str, Any] = {"flood": args.flood, "token_delay_ms": args.token_delay_ms}
         out["quiet"] = await measure(capped.api_url, args.requests, args.concurrency)
+        print("quiet", json.dumps(out["quiet"]), file=sys.stderr, flush=True)  # noqa: T201
         for name, s in (("flood_capped", capped), ("flood_uncapped", uncapped)):
             flood = Flood(s.api_url, args.flood)
             await flood.start(args.settle)
@@ -158,6 +169,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await flood.stop()
             result["alpha_statuses"] = dict(flood.statuses)
             out[name] = result
+            print(name, json.dumps(result), file=sys.stderr, flush=True)  # noqa: T201
             await asyncio.sleep(2)  # the simulator's streams wind down
         return out
     finally:
@@ -169,7 +181,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--flood", type=int, default=1100, help="alpha's streams kept open")
-    p.add_argument("--requests", type=int, default=200, help="beta's requests per phase")
+    p.add_argument("--requests", type=int, default=40, help="beta's requests per phase")
     p.add_argument("--concurrency", type=int, default=4, help="beta's requests at once")
     p.add_argument("--token-delay-ms", type=float, default=1000.0)
     p.add_argument("--settle", type=float, default=8.0, help="seconds for the flood to open")
