@@ -27,6 +27,7 @@ from api import (
 )
 from api import results as partial_results
 from api.console.sampler import RouteSampler
+from api.live_limits import LiveLimits
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
@@ -60,6 +61,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         )
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
+        app.state.live_limits = LiveLimits()
         if client is not None:
             link = TemporalLink.connected(client)
         else:
@@ -94,12 +96,18 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             await link.stop()
             app.state.usage.close()
 
-    app = FastAPI(title="backfill", lifespan=lifespan)
+    # No /docs or /redoc: their pages load scripts from a CDN onto the console's origin.
+    # The schema stays at /openapi.json.
+    app = FastAPI(title="backfill", lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, rule_for=body_rules(settings))
+    app.add_middleware(
+        BodyLimit,
+        rule_for=body_rules(settings),
+        key_known=lambda k: settings.key_for(k) is not None,
+    )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(files.router)
     app.include_router(batches.router)
@@ -144,8 +152,11 @@ def body_rules(settings: Settings) -> Callable[[str, str], BodyRule]:
     )
     live = BodyRule(max(limits.max_request_bytes, limits.max_line_bytes))
     other = BodyRule(limits.max_request_bytes)
+    console = BodyRule(limits.max_request_bytes, keyed=False)  # its forms carry a session
 
     def rule_for(method: str, path: str) -> BodyRule:
+        if path == "/console" or path.startswith("/console/"):
+            return console
         if path.rstrip("/") == "/v1/files":
             return upload
         if path in LIVE_PATHS:

@@ -1,5 +1,10 @@
 """`GET /healthz` (which part is degraded) and `GET /metrics` (Prometheus).
 
+`/metrics` names every workspace, model and route with its token counts: on the api port it
+answers only platform_admin and auditor keys. For a key-less scrape, the api serves it on a port
+of its own (`BACKFILL_API_METRICS_PORT`, loopback unless `BACKFILL_API_METRICS_HOST` says
+otherwise; `api.main`).
+
 `/healthz` answers 200 as long as the process serves: the live proxy does not need Temporal, so
 an orchestrator must not take a process out of rotation (or restart it) because Temporal is
 down. The body says what works: `{"status": "ok" | "degraded", "live_proxy": "ok",
@@ -14,6 +19,8 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from api.deps import IdentityDep
+from api.errors import Forbidden
 from api.temporal_link import TemporalLink
 
 router = APIRouter(tags=["health"])
@@ -39,5 +46,10 @@ async def healthz(request: Request) -> Health:
 
 
 @router.get("/metrics")
-async def metrics() -> Response:
+async def metrics(identity: IdentityDep) -> Response:
+    if identity.role not in ("platform_admin", "auditor"):
+        raise Forbidden(
+            "The metrics show every workspace: only platform_admin and auditor keys may read them.",
+            code="insufficient_role",
+        )
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,11 +1,13 @@
 """ASGI middleware that protects every endpoint before any route, dependency or key check runs.
 
 - `BodyLimit`: a request body over its limit is answered 413 in OpenAI's envelope before it is
-  parsed and before authentication does any work. A declared `Content-Length` is checked at
-  once; a body without one (chunked) is read up to the limit and replayed to the app. Uploads
-  (`POST /v1/files`) get the file cap plus room for the form and are never buffered here: past
-  the limit their `receive` raises `BodyTooLarge`, and the upload parser (which also bounds the
-  parts, their headers and fields while streaming) answers 413.
+  parsed and before authentication does any work; then a missing or unknown API key is answered
+  401 before any of the body is read (so an anonymous client cannot make the api buffer one).
+  A declared `Content-Length` is checked at once; a body without one (chunked) is read up to
+  the limit and replayed to the app. Uploads (`POST /v1/files`) get the file cap plus room for
+  the form and are never buffered here: past the limit their `receive` raises `BodyTooLarge`,
+  and the upload parser (which also bounds the parts, their headers and fields while
+  streaming) answers 413.
 - `CatchAll`: an unexpected exception is answered 500 in the envelope, and the connection stays
   usable. (Starlette's server-error middleware re-raises after sending its 500, and uvicorn then
   drops the connection: the client's next request on it would be reset.)
@@ -51,13 +53,23 @@ class BodyRule:
     code: str = "request_too_large"
     param: str | None = None
     message: str = "The request body is too large: the limit here is {max_bytes} bytes."
+    keyed: bool = True
+    """The route needs an API key (`Authorization: Bearer`): one that is missing or unknown is
+    answered 401 before any of the body is read (the console's forms use its session instead)."""
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, rule_for: Callable[[str, str], BodyRule]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        rule_for: Callable[[str, str], BodyRule],
+        key_known: Callable[[str], bool] | None = None,
+    ) -> None:
         self.app = app
         self.rule_for = rule_for
         """(method, path) -> the rule for that request's body."""
+        self.key_known = key_known
+        """Whether a presented API key is configured (None: keys are left to the routes)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -69,6 +81,11 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await self._too_large(send, rule)
             return
+        if rule.keyed and self.key_known is not None:
+            refused = _key_refused(scope, self.key_known)
+            if refused is not None:
+                await _send_error(send, 401, _envelope(refused, "invalid_request_error", KEY_CODE))
+                return
         if rule.streamed:
             await self.app(scope, _counting(receive, limit), send)
             return
@@ -107,6 +124,20 @@ class BodyLimit:
         msg = rule.message.format(max_bytes=rule.max_bytes)
         body = _envelope(msg, "invalid_request_error", rule.code, rule.param)
         await _send_error(send, 413, body)
+
+
+KEY_CODE = "invalid_api_key"
+
+
+def _key_refused(scope: Scope, key_known: Callable[[str], bool]) -> str | None:
+    """Why the request's API key is refused (the routes' own messages), or None."""
+    header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    scheme, _, token = header.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+    if not key_known(token.strip()):
+        return "Incorrect API key provided."
+    return None
 
 
 def _counting(receive: Receive, limit: int) -> Receive:
@@ -159,3 +190,28 @@ class CatchAll:
                 raise  # half a response is out: only closing the connection is honest
             msg = "The server had an error processing your request."
             await _send_error(send, 500, _envelope(msg, "server_error", None))
+
+
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+"""One year; no `includeSubDomains`: the gateway does not speak for its parent domain's hosts."""
+
+
+class HstsOverHttps:
+    """`Strict-Transport-Security` on every answer to a request that came over https: directly,
+    or through a trusted proxy's `X-Forwarded-Proto` (uvicorn's `forwarded_allow_ips` sets the
+    scheme before the app runs). Over plain http the header would mean nothing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("scheme") != "https":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hsts(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), HSTS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_hsts)

@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.deps import Identity, IdentityDep, SettingsDep, WriterDep, get_http
 from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
+from api.live_limits import take_live_slot
 from api.live_traffic import LiveTraffic
 from api.live_usage import UsageReader
 from api.request_id import request_id
@@ -128,7 +129,12 @@ def _live_route(spec: EndpointSpec) -> Callable[..., Awaitable[Response]]:
     async def forward(
         request: Request, settings: SettingsDep, identity: WriterDep, http: HttpDep, live: LiveDep
     ) -> Response:
-        return await _forward(request, spec, settings, identity, http, live)
+        slot = take_live_slot(request, identity.workspace)  # 429 at the workspace's cap
+        try:
+            return slot.until_sent(await _forward(request, spec, settings, identity, http, live))
+        except BaseException:
+            slot.release()
+            raise
 
     forward.__name__ = spec.path.removeprefix("/v1/").replace("/", "_")
     return forward

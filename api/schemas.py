@@ -56,7 +56,7 @@ _ERROR_DESCRIPTIONS = {
     404: "No such object (or another workspace's)",
     409: "The object's status does not allow this",
     413: "The upload is larger than the configured cap",
-    429: "A workspace limit (active batches, stored bytes) is reached",
+    429: "A workspace limit (active batches, stored bytes, live requests in flight) is reached",
     500: "Unexpected server error",
     503: "A dependency (Temporal) is unavailable",
 }

@@ -130,6 +130,9 @@ class WorkspaceLimits(_Strict):
     """Bytes of files the workspace may keep stored: uploads, batch outputs, and the pinned
     inputs of its running batches whose upload was deleted (None: no limit). Only uploads are
     refused; a batch's output is always written."""
+    max_live_in_flight: int | None = Field(default=256, ge=1)
+    """Live requests (the proxy's chat, completions, embeddings...) in flight at once, per api
+    process; one more answers 429 at once (None: no limit)."""
     share_weight: int = Field(default=1, ge=1, le=1000)
     """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
 
@@ -201,6 +204,36 @@ class Settings(BaseSettings):
     task_queue: str = Field(default="backfill", validation_alias="BACKFILL_TASK_QUEUE")
     api_host: str = Field(default="127.0.0.1", validation_alias="BACKFILL_API_HOST")
     api_port: int = Field(default=8000, validation_alias="BACKFILL_API_PORT")
+    api_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, validation_alias="BACKFILL_API_METRICS_PORT"
+    )
+    """If set, the api also serves `/metrics` without a key on `api_metrics_host` and this port
+    (for a Prometheus on a private network). `/metrics` on the api port always needs a
+    platform_admin or auditor key: it shows every workspace's names, models and tokens."""
+    api_metrics_host: str = Field(default="127.0.0.1", validation_alias="BACKFILL_API_METRICS_HOST")
+    """Address of the api's key-less `/metrics` port (`api_metrics_port`)."""
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1", validation_alias="BACKFILL_FORWARDED_ALLOW_IPS"
+    )
+    """Comma-separated addresses (or `*`) of the reverse proxies whose `X-Forwarded-For` and
+    `X-Forwarded-Proto` the api believes (uvicorn's `forwarded_allow_ips`). Behind a TLS proxy
+    on another host, name it here: the console's cookies get `Secure` and answers get HSTS
+    only when the request is known to have come over https."""
+    api_max_concurrency: int = Field(
+        default=2048, ge=1, validation_alias="BACKFILL_API_MAX_CONCURRENCY"
+    )
+    """Connections (or requests) the api serves at once; past it uvicorn answers 503 at once, so
+    slow or idle clients cannot hold every socket and file descriptor (uvicorn's
+    `limit_concurrency`). Keep it above the live requests you expect at once."""
+    api_keepalive_seconds: int = Field(
+        default=5, ge=1, le=600, validation_alias="BACKFILL_API_KEEPALIVE_SECONDS"
+    )
+    """How long an idle keep-alive connection to the api stays open (uvicorn's
+    `timeout_keep_alive`). A load balancer in front should close idle connections sooner."""
+    api_allowed_hosts: str = Field(default="", validation_alias="BACKFILL_API_ALLOWED_HOSTS")
+    """Comma-separated `Host` names the api answers (`*.example.com` patterns, `*`: any); other
+    requests get 400. Empty: the loopback names when `api_host` is a loopback address (so a web
+    page cannot reach a dev api through DNS rebinding), else any."""
     worker_metrics_host: str = Field(
         default="127.0.0.1", validation_alias="BACKFILL_WORKER_METRICS_HOST"
     )
@@ -391,6 +424,13 @@ class Settings(BaseSettings):
             return self.worker_shutdown_grace_seconds
         return self.limits.line_timeout_seconds
 
+    def allowed_hosts(self) -> list[str]:
+        """`api_allowed_hosts` as a list, or its default (see there)."""
+        named = [h.strip() for h in self.api_allowed_hosts.split(",") if h.strip()]
+        if named:
+            return named
+        return list(LOOPBACK_HOST_HEADERS) if self.api_host in LOOPBACK_HOSTS else ["*"]
+
     def workspace_limits(self, workspace: str) -> WorkspaceLimits:
         """The workspace's own limits, else the `default` entry's, else no limits."""
         return self.workspaces.get(workspace) or self.workspaces.get("default") or WorkspaceLimits()
@@ -463,6 +503,8 @@ DEV_KEYS = (DEV_KEY, "sk-backfill-alice", "sk-backfill-bob", "sk-backfill-audito
 """Every key of the repository's backfill.toml (all public)."""
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+LOOPBACK_HOST_HEADERS = ("127.0.0.1", "localhost", "[::1]")
+"""The loopback names as a `Host` header carries them (an IPv6 literal in brackets)."""
 
 
 def hash_key(key: str) -> str:

@@ -1,9 +1,13 @@
 """Reading a model server's load from its `/metrics` (the server-load signal, decision 0011).
 
 `ServerLoadReader` is built once per process (in `worker/` and `api/`) with the approved upstream
-bases and keeps, per process: the pinned addresses of each metrics host (resolved once, on first
-use; a host that later resolves elsewhere is never fetched there), and each URL's last reading,
-reused for `reuse_seconds`. A fetch sends no credentials, follows no redirect, uses no proxy (it
+bases and keeps, per process: the pinned addresses of each metrics host, and each URL's last
+reading, reused for `reuse_seconds`. A host name is resolved on first use, again every
+`reresolve_seconds` (60 s) and again at the next fetch after a failed one (so a model server that
+moved, e.g. a rescheduled pod behind DNS, is found again); a fetch only ever connects to the
+addresses of its host's latest resolution, and every resolved address is checked
+(`allowed_address`: never link-local such as a cloud metadata endpoint, multicast, unspecified
+or reserved). A fetch sends no credentials, follows no redirect, uses no proxy (it
 never reads proxy variables: it talks httpcore directly), retries nothing, must finish within
 `deadline` seconds including name resolution, and stops reading past `max_bytes`. `read` never
 raises: every failure is a `LoadReading` with `error` set, which the gate treats as closed.
@@ -25,9 +29,17 @@ from backfill import metrics
 from backfill.gates.server_load import LoadReading
 from backfill.load_metrics import approve_metrics_url, parse_load
 
-__all__ = ["PinnedBackend", "Resolver", "ServerLoadReader", "export_reading", "resolve_host"]
+__all__ = [
+    "PinnedBackend",
+    "Resolver",
+    "ServerLoadReader",
+    "allowed_address",
+    "export_reading",
+    "resolve_host",
+]
 
 DEADLINE_SECONDS = 2.0
+RERESOLVE_SECONDS = 60.0
 MAX_BYTES = 1024 * 1024
 REUSE_SECONDS = 5.0
 
@@ -39,6 +51,15 @@ async def resolve_host(host: str, port: int) -> list[str]:
     """The system resolver's addresses for `host` (deduplicated, in its order)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def allowed_address(address: str) -> bool:
+    """May a metrics host name resolve to `address`? Never to a link-local address (cloud
+    metadata endpoints live there), multicast, unspecified or reserved ones."""
+    ip = ipaddress.ip_address(address)
+    if ip.is_loopback:  # ::1 counts as reserved
+        return True
+    return not (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved)
 
 
 class _FetchError(Exception):
@@ -97,6 +118,7 @@ class ServerLoadReader:
         deadline: float = DEADLINE_SECONDS,
         max_bytes: int = MAX_BYTES,
         reuse_seconds: float = REUSE_SECONDS,
+        reresolve_seconds: float = RERESOLVE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -108,7 +130,9 @@ class ServerLoadReader:
         self._reuse = reuse_seconds
         self._clock = clock
         self._wall = wall_clock
+        self._reresolve = reresolve_seconds
         self._pins: dict[tuple[str, int], list[str]] = {}
+        self._resolved_at: dict[tuple[str, int], float] = {}
         self._cache: dict[str, tuple[float, LoadReading]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._backend = PinnedBackend(self._pins)
@@ -131,6 +155,8 @@ class ServerLoadReader:
             if cached is not None and self._clock() - cached[0] < self._reuse:
                 return cached[1]
             reading = await self._fetch(metrics_url)
+            if reading.error is not None:
+                self._forget(metrics_url)  # the server may have moved: resolve again next time
             self._cache[metrics_url] = (self._clock(), reading)
             return reading
 
@@ -155,6 +181,11 @@ class ServerLoadReader:
             return self._failed(url, reading.error)
         return reading
 
+    def _forget(self, url: str) -> None:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._resolved_at.pop(((parts.hostname or "").lower(), port), None)
+
     def _failed(self, url: str, why: str) -> LoadReading:
         return LoadReading(read_at=int(self._wall()), error=f"GET {url}: {why}")
 
@@ -162,8 +193,12 @@ class ServerLoadReader:
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        if (host, port) not in self._pins:
-            self._pins[(host, port)] = await self._addresses(host, port)
+        key = (host, port)
+        resolved_at = self._resolved_at.get(key)
+        if resolved_at is None or self._clock() - resolved_at >= self._reresolve:
+            self._pins.pop(key, None)  # never connect to a stale answer, even if this one fails
+            self._pins[key] = await self._addresses(host, port)
+            self._resolved_at[key] = self._clock()
         timeouts = {k: self._deadline for k in ("connect", "read", "write", "pool")}
         async with (
             httpcore.AsyncConnectionPool(
@@ -204,7 +239,10 @@ class ServerLoadReader:
             raise _FetchError(f"cannot resolve {host}: {e}") from None
         if not found:
             raise _FetchError(f"cannot resolve {host}: no address")
-        return list(found)
+        allowed = [a for a in found if allowed_address(a)]
+        if not allowed:
+            raise _FetchError(f"{host} resolves only to addresses not allowed: {', '.join(found)}")
+        return allowed
 
 
 def export_reading(route_id: str, reading: LoadReading) -> None:

@@ -543,7 +543,11 @@ async def test_healthz_and_metrics(http: httpx.AsyncClient) -> None:
         "live_proxy": "ok",
         "temporal": "ok",
     }
-    resp = await http.get("/metrics")
+    # Every workspace's names and counts: not for a member's key.
+    assert_error(await http.get("/metrics"), 401, code="invalid_api_key")
+    resp = await http.get("/metrics", headers=auth())
+    assert_error(resp, 403, code="insufficient_role", type_="permission_error")
+    resp = await http.get("/metrics", headers=auth("sk-test-auditor"))
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")
     assert "# TYPE " in resp.text and "# HELP " in resp.text

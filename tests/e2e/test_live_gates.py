@@ -111,7 +111,7 @@ async def test_two_live_streams_at_yield_2_hold_batch_lines_back_until_released(
         assert first_after - released < 2.0, first_after - released
         done = await wait_terminal(client, batch_id, within=180)
         assert done.status == "completed" and done.request_counts.completed == 80
-        metrics = (await http.get(f"{stack.api_url}/metrics")).text
+        metrics = (await http.get(f"{stack.api_url}/metrics", headers=auth("sk-test-auditor"))).text
         assert f'gateway_live_in_flight{{route="{stack.route_id}"}} 0.0' in metrics
 
 

@@ -38,7 +38,7 @@ async def live(
 
 async def in_flight(stack: Stack) -> float:
     async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{stack.api_url}/metrics")).text
+        text = (await http.get(f"{stack.api_url}/metrics", headers=auth("sk-test-auditor"))).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "gateway_live_in_flight" and sample.labels == {

@@ -24,7 +24,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 async def scrape(http: httpx.AsyncClient, url: str) -> Samples:
-    resp = await http.get(url)
+    """The samples at `url` (an auditor key is sent: the api's `/metrics` needs one)."""
+    resp = await http.get(url, headers=auth("sk-test-auditor"))
     assert resp.status_code == 200, resp.text
     return {
         (s.name, frozenset(s.labels.items())): s.value

@@ -128,7 +128,7 @@ def test_prometheus_config_loads_the_rules_and_scrapes_api_and_workers() -> None
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     api_targets = jobs["backfill-api"]["static_configs"][0]["targets"]
     worker_targets = jobs["backfill-worker"]["static_configs"][0]["targets"]
-    assert sorted(api_targets) == ["api-1:8000", "api-2:8000"]
+    assert sorted(api_targets) == ["api-1:9465", "api-2:9465"]  # the key-less metrics port
     assert sorted(worker_targets) == ["worker-1:9464", "worker-2:9464"]
     result = run_promtool("check", "config", "prometheus.yml", cwd=PROMETHEUS)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -304,6 +304,7 @@ def test_compose_apis_and_workers_share_the_file_store_and_config() -> None:
         assert env["BACKFILL_DATA_DIR"] == "/data"
         assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
         assert env["BACKFILL_WORKER_METRICS_PORT"] == "9464"
+        assert env["BACKFILL_API_METRICS_PORT"] == "9465"  # what prometheus.yml scrapes
     config = (DEPLOY / "compose" / "backfill.toml").read_text()
     assert 'data_dir = "/data"' in config
     assert "fd500b8b04ab347d" not in config, "the shipped dev key must not be exposed"
@@ -421,6 +422,19 @@ def test_chart_renders_api_and_workers_against_existing_temporal() -> None:
     }
     assert worker_env["BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES"] == "64"
     assert worker_env["BACKFILL_WORKER_METRICS_PORT"] == "9464"
+    # The api's key-less /metrics: its own port, on the pod's IP; the Service carries it.
+    (api_container,) = api["spec"]["template"]["spec"]["containers"]
+    api_env = {e["name"]: e for e in api_container["env"]}
+    assert api_env["BACKFILL_API_METRICS_PORT"]["value"] == "9465"
+    assert api_env["BACKFILL_API_METRICS_HOST"]["valueFrom"]["fieldRef"] == {
+        "fieldPath": "status.podIP"
+    }
+    assert {p["name"]: p["containerPort"] for p in api_container["ports"]} == {
+        "http": 8000,
+        "metrics": 9465,
+    }
+    api_service = docs[("Service", "backfill-api")]
+    assert {p["name"] for p in api_service["spec"]["ports"]} == {"http", "metrics"}
     pvc = docs[("PersistentVolumeClaim", "backfill-files")]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     config = docs[("ConfigMap", "backfill-config")]
@@ -442,6 +456,8 @@ def test_chart_existing_claim_and_optional_objects() -> None:
     )
     (monitor,) = [d for d in full if d["kind"] == "ServiceMonitor"]
     assert monitor["spec"]["jobLabel"] == "backfill.io/scrape-job"
+    # Only the key-less metrics ports: the api's http port answers /metrics to keys only.
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     jobs = {
         d["metadata"]["labels"].get("backfill.io/scrape-job")
         for d in full
@@ -698,3 +714,50 @@ def test_chart_manifests_match_the_kubernetes_schemas(values: dict[str, Any]) ->
     assert len(documents) >= 5  # api, worker, their services, the ConfigMap
     for doc in documents:
         kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("values", [{}, SPLIT_VALUES], ids=["default", "split"])
+def test_chart_pods_are_locked_down_by_default(values: dict[str, Any]) -> None:
+    """No service-account token, the runtime's seccomp profile, metrics on the pod's IP only,
+    and NetworkPolicies: the workers take nothing but scrapes, and every pod talks only to
+    DNS, Temporal and the model servers."""
+    docs = by_kind_and_name(values)
+    deployments = [d for (kind, _), d in docs.items() if kind == "Deployment"]
+    assert len(deployments) == (3 if values else 2)
+    policies = {name: d for (kind, name), d in docs.items() if kind == "NetworkPolicy"}
+    assert set(policies) == {"backfill-api", "backfill-worker"}
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        _, env, _ = pod_parts(deployment)
+        for name in ("BACKFILL_WORKER_METRICS_HOST", "BACKFILL_API_METRICS_HOST"):
+            if name in env:
+                assert env[name] == {
+                    "name": name,
+                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                }
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        component = labels["app.kubernetes.io/component"]
+        (policy,) = [
+            p for p in policies.values() if selects(p["spec"]["podSelector"]["matchLabels"], labels)
+        ]
+        assert policy["metadata"]["name"] == f"backfill-{component}"
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        ingress_ports = [port["port"] for rule in spec["ingress"] for port in rule["ports"]]
+        assert ingress_ports == (["http", "metrics"] if component == "api" else ["metrics"])
+        egress = spec["egress"]
+        assert [p["port"] for p in egress[0]["ports"]] == [53, 53]  # DNS
+        assert egress[1]["ports"] == [{"port": 7233, "protocol": "TCP"}]  # Temporal
+        assert egress[1]["to"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "temporal"}}}
+        ]
+        assert egress[2] == {"to": [{"namespaceSelector": {}}]}  # model servers, in-cluster
+        assert len(egress) == 3
+    # Off when asked (e.g. a CNI without NetworkPolicy), and more egress when asked.
+    off = by_kind_and_name({"networkPolicy": {"enabled": False}})
+    assert not [k for k in off if k[0] == "NetworkPolicy"]
+    s3 = {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}], "ports": [{"port": 443}]}
+    extra = by_kind_and_name({"networkPolicy": {"egress": {"extra": [s3]}}})
+    assert s3 in extra[("NetworkPolicy", "backfill-worker")]["spec"]["egress"]

@@ -23,7 +23,12 @@ from backfill.load_metrics import (
     parse_load,
     parse_local_upstreams,
 )
-from backfill.load_reader import ServerLoadReader
+from backfill.load_reader import (
+    RERESOLVE_SECONDS,
+    REUSE_SECONDS,
+    ServerLoadReader,
+    allowed_address,
+)
 from backfill.sim import SimConfig, SimServer
 
 CAPTURES = Path(__file__).parent.parent / "fixtures" / "server-metrics"
@@ -518,3 +523,76 @@ def test_a_reading_is_exported_per_signal_and_a_failed_one_as_an_error() -> None
     export_reading("rl1", LoadReading(read_at=2, error="GET http://x/metrics: refused"))
     assert sample("gateway_server_load_errors_total", provider="rl1") == errors + 1
     assert sample("gateway_server_load", provider="rl1", signal="waiting") == 3  # last reading
+
+
+async def test_a_failed_fetch_resolves_the_name_again(upstream: Upstream) -> None:
+    """The model server moved (a rescheduled pod behind DNS): after one failed fetch the next
+    resolves again, instead of keeping the gate closed until a restart."""
+    answers = [["127.0.0.3"], ["127.0.0.1"]]  # nothing listens on 127.0.0.3 at that port
+    calls: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        calls.append(host)
+        return answers[min(len(calls), len(answers)) - 1]
+
+    clock = Clock()
+    url = f"http://moved.test:{upstream.port}/metrics"
+    reader = reader_for(f"http://moved.test:{upstream.port}/v1", resolve=resolve, clock=clock)
+    first = await reader.read(url)
+    assert first.error is not None and "cannot connect" in first.error
+    clock.now += REUSE_SECONDS  # the failed reading is reused until then
+    again = await reader.read(url)
+    assert again.error is None and again.running == 5.0
+    assert calls == ["moved.test", "moved.test"]
+    assert reader.pinned("moved.test", upstream.port) == ["127.0.0.1"]
+
+
+async def test_names_are_resolved_again_periodically(upstream: Upstream) -> None:
+    try:
+        other = await Upstream("127.0.0.2", upstream.port).start()
+    except OSError as e:
+        pytest.skip(f"cannot bind 127.0.0.2 here: {e}")
+    try:
+        answer = ["127.0.0.1"]
+
+        async def resolve(host: str, port: int) -> list[str]:
+            return list(answer)
+
+        clock = Clock()
+        url = f"http://fake.test:{upstream.port}/metrics"
+        reader = reader_for(f"http://fake.test:{upstream.port}/v1", resolve=resolve, clock=clock)
+        assert (await reader.read(url)).running == 5.0
+        answer[:] = ["127.0.0.2"]
+        other.body = METRICS.replace(b"5.0", b"99.0")
+        clock.now += RERESOLVE_SECONDS - 1  # a fetch, but still the pinned address
+        assert (await reader.read(url)).running == 5.0
+        clock.now += REUSE_SECONDS  # past the re-resolve period (and the last reading's reuse)
+        assert (await reader.read(url)).running == 99.0
+        assert reader.pinned("fake.test", upstream.port) == ["127.0.0.2"]
+        assert len(upstream.requests) == 2 and len(other.requests) == 1
+    finally:
+        await other.stop()
+
+
+async def test_every_resolved_address_is_checked(upstream: Upstream) -> None:
+    answer = ["169.254.169.254"]  # a cloud metadata endpoint
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return list(answer)
+
+    clock = Clock()
+    url = f"http://fake.test:{upstream.port}/metrics"
+    reader = reader_for(f"http://fake.test:{upstream.port}/v1", resolve=resolve, clock=clock)
+    r = await reader.read(url)
+    assert r.error is not None and "resolves only to addresses not allowed" in r.error
+    assert reader.pinned("fake.test", upstream.port) is None
+    answer[:] = ["fe80::1", "0.0.0.0", "127.0.0.1"]
+    clock.now += RERESOLVE_SECONDS
+    assert (await reader.read(url)).running == 5.0
+    assert reader.pinned("fake.test", upstream.port) == ["127.0.0.1"]
+    assert [allowed_address(a) for a in ("10.0.0.5", "::1", "224.0.0.1", "240.0.0.1")] == [
+        True,
+        True,
+        False,
+        False,
+    ]

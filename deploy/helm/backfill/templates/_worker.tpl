@@ -36,6 +36,8 @@ spec:
         checksum/config: {{ $root.Values.config.toml | sha256sum }}
     spec:
       terminationGracePeriodSeconds: {{ $root.Values.worker.terminationGracePeriodSeconds }}
+      # backfill never talks to the Kubernetes API: no service-account token in the pod.
+      automountServiceAccountToken: false
       {{- with $root.Values.serviceAccountName }}
       serviceAccountName: {{ . }}
       {{- end }}
@@ -73,8 +75,11 @@ spec:
             {{- end }}
             - name: BACKFILL_WORKER_METRICS_PORT
               value: {{ $root.Values.worker.metricsPort | quote }}
+            # The pod's own IP, not every interface.
             - name: BACKFILL_WORKER_METRICS_HOST
-              value: "0.0.0.0"
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
             {{- with $root.Values.worker.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
