@@ -105,7 +105,15 @@ async def test_revoked_key_does_not_stop_an_accepted_batch(stack: Stack) -> None
         resp = await http.get(f"/v1/batches/{batch_id}", headers=auth(ALPHA))
         assert_error(resp, 401, code="invalid_api_key")
         opened = {"max_concurrent_lines": 4, "time_window": None}
-        assert (await http.put(url, headers=auth(ADMIN), json=opened)).status_code == 200
+        # The settings update is answered by the route's scheduler, on the worker that just
+        # restarted: until it polls (it first replays the scheduler), the api answers 503.
+        reopened = await poll_until(
+            lambda: http.put(url, headers=auth(ADMIN), json=opened),
+            lambda r: r.status_code != 503,
+            timeout=60,
+            what="the restarted worker to answer the route's settings update",
+        )
+        assert reopened.status_code == 200, reopened.text
         done = await poll_until(
             lambda: http.get(f"/api/v1/admin/batches/{batch_id}", headers=auth(ADMIN)),
             lambda r: r.json()["status"] in ("completed", "failed", "cancelled", "expired"),
