@@ -69,8 +69,8 @@ chromium:
 # after the main run, not alongside it (two runs at once pushed 2 cores into flaky timing).
 # `make test-s3` runs the whole e2e suite on S3 (BACKFILL_TEST_STORE=s3).
 test: lint promtool chromium
-	$(BIN)/pytest -q
-	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q -m store tests/e2e
+	$(BIN)/pytest -q --durations=15
+	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q --durations=10 -m store tests/e2e
 
 test-s3: venv
 	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q tests/e2e

@@ -127,7 +127,7 @@ async def cli(stack: Stack, *args: str, cwd: Path, within: float = 300) -> tuple
 async def test_submit_wait_shows_progress_through_a_pause_and_saves_the_files(
     make_stack: MakeStack, tmp_path: Path, tty: bool
 ) -> None:
-    stack = await make_stack(cap=8, sim=SimConfig(model_names=[], latency_ms=20))
+    stack = await make_stack(cap=32, sim=SimConfig(model_names=[], latency_ms=10))
     n = 2000
     source = tmp_path / "requests.jsonl"
     source.write_bytes(jsonl(n, prefix="cli"))
