@@ -437,7 +437,9 @@ async def test_sdk_responses_whole_and_streamed_event_by_event(live: Stack) -> N
     assert text == "Simulated four five six"
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert kinds.count("response.output_text.delta") == 4
-    # created + 4 words, each produced TOKEN_DELAY_MS after the one before: relayed, not buffered.
-    assert arrivals[4] - arrivals[0] >= 0.8 * 4 * TOKEN_DELAY_MS / 1000
+    # The 4 words, each produced TOKEN_DELAY_MS after the one before, arrive spread out: relayed,
+    # not buffered. (Measured from the first word: `response.created` may reach the client in
+    # the same read as the first word on a loaded machine, seen once in CI.)
+    assert arrivals[4] - arrivals[1] >= 0.8 * 3 * TOKEN_DELAY_MS / 1000
     assert not live.sim.app.seen[-1].has_priority
     await wait_in_flight(live, 0)
