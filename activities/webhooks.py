@@ -44,6 +44,7 @@ from backfill.webhooks import (
     WebhookEndpoint,
     WebhookTarget,
     check_url,
+    configured_endpoints,
     derive_secret,
     endpoints_workflow_id,
     event_workflow_id,
@@ -96,18 +97,7 @@ class WebhookActivities:
         """The workspace's endpoints subscribed to the event (configured, then made through
         the api) and the configured retry schedule."""
         s = self.settings
-        configured = [
-            WebhookEndpoint(
-                id=w.id,
-                url=w.url,
-                event_types=w.event_types,
-                name=w.name,
-                secret_env=w.secret_env,
-                source="config",
-            )
-            for w in s.webhooks
-            if w.workspace == workspace
-        ]
+        configured = configured_endpoints(s, workspace)
         endpoints = configured + await self._api_endpoints(workspace)
         return DeliveryPlan(
             targets=[

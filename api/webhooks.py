@@ -36,6 +36,7 @@ from backfill.webhooks import (
     EventType,
     WebhookEndpoint,
     check_url,
+    configured_endpoints,
     derive_secret,
     endpoints_workflow_id,
     refusal,
@@ -147,21 +148,6 @@ def _with_secret(
     )
 
 
-def _configured(settings: Settings, workspace: str) -> list[WebhookEndpoint]:
-    return [
-        WebhookEndpoint(
-            id=w.id,
-            url=w.url,
-            event_types=w.event_types,
-            name=w.name,
-            secret_env=w.secret_env,
-            source="config",
-        )
-        for w in settings.webhooks
-        if w.workspace == workspace
-    ]
-
-
 async def _made(client: Client, workspace: str) -> list[WebhookEndpoint]:
     handle = client.get_workflow_handle_for(
         refs.WebhookEndpointsWorkflow.run, endpoints_workflow_id(workspace)
@@ -179,7 +165,7 @@ async def list_endpoints(
     workspace: Workspace, settings: SettingsDep, client: ClientDep, _: Reader
 ) -> WebhookEndpointList:
     """The workspace's endpoints: configured ones first, then those made here."""
-    endpoints = _configured(settings, workspace) + await _made(client, workspace)
+    endpoints = configured_endpoints(settings, workspace) + await _made(client, workspace)
     return WebhookEndpointList(data=[_object(settings, workspace, e) for e in endpoints])
 
 
@@ -281,7 +267,7 @@ async def _change(
     settings: Settings, client: Client, workspace: str, endpoint_id: str, *, rotate: bool
 ) -> WebhookEndpoint:
     """Remove the endpoint, or rotate its secret; 404 for an endpoint that does not exist."""
-    if any(e.id == endpoint_id for e in _configured(settings, workspace)):
+    if any(e.id == endpoint_id for e in configured_endpoints(settings, workspace)):
         raise InvalidRequest(
             f"Endpoint {endpoint_id} is configured in the config file; change it there.",
             param="endpoint_id",
