@@ -69,6 +69,7 @@ async def _document(
             queued_lines=status.queued_lines,
             running_lines=await _running_lines(client, route_id, status),
             limit=status.limit,
+            ramping_to=status.ramping_to,
             live_in_flight=status.live_in_flight,
             state=status.state,
             reason=status.reason,

@@ -192,7 +192,11 @@ class SchedulingStatus(BaseModel):
     running_lines: int
     """Batch lines running on the route now, counted by the batches themselves."""
     limit: int
-    """"Batch lines at once"."""
+    """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen ramp's
+    lower limit."""
+    ramping_to: int | None = None
+    """While the reopen ramp holds `limit` below what the gates allow: that (null: not
+    ramping)."""
     live_in_flight: int = 0
     """Live requests in flight on the route, summed over every api process reporting."""
     state: Literal["open", "paused"] = "open"
