@@ -191,6 +191,11 @@ class SchedulingStatus(BaseModel):
     """Lines wanted beyond their allotments."""
     running_lines: int
     """Batch lines running on the route now, counted by the batches themselves."""
+    preempted_lines: int = 0
+    """Runs of batch lines ended early to give their seat to live traffic (preemptive yield),
+    summed over the batches now on the route (each batch's `backfill.routes[]` entry)."""
+    wasted_tokens: int = 0
+    """Tokens those runs had generated, thrown away (an estimate), summed the same way."""
     limit: int
     """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen ramp's
     lower limit."""

@@ -320,6 +320,10 @@ class LineOutcome(BaseModel):
     preempted: bool = False
     """Not committed: ended early to give its seat to live traffic; run it again, first in the
     queue, without back-off and without counting a retry."""
+    wasted_tokens: int = 0
+    """With `preempted`: the tokens it had likely generated, thrown away (an estimate: its time
+    upstream × the route's tokens per second per line on that worker; 0 before a line there
+    completed)."""
 
 
 class DemandInput(BaseModel):
