@@ -10,7 +10,7 @@ gates at once, as it always did.
 
 This gate never closes and limits nothing by its own decision (`decide`): it acts on the other
 gates' combined limit (`backfill.gates.registry.ramped`), from the state the scheduler keeps
-(`RampState`). `ramp` is the pure step, given that state and workflow time.
+(`RampState`). `ramp` is the pure step, given that state and workflow time (docs/decisions/0024).
 """
 
 from __future__ import annotations

@@ -91,6 +91,8 @@ def test_a_blank_gate_is_off_and_the_document_validates_like_the_api() -> None:
                 ("time_window.days", "fri"),
                 ("time_window.from", "19:00"),
                 ("time_window.until", "07:00"),
+                ("reopen_ramp.initial", "2"),
+                ("reopen_ramp.double_every_s", "1.5"),
                 ("priority_hint", "10"),
             ]
         )
@@ -98,6 +100,7 @@ def test_a_blank_gate_is_off_and_the_document_validates_like_the_api() -> None:
     parsed = RouteSettings.model_validate(settings_document(full))
     assert parsed.server_load is not None and parsed.server_load.max_waiting == 0
     assert parsed.time_window is not None and parsed.time_window.days == ["mon", "fri"]
+    assert parsed.model_dump()["reopen_ramp"] == {"initial": 2, "double_every_s": 1.5}
     # And back: the form shows what was saved.
     shown = form_values(parsed)
     assert {k: v for k, v in shown.items() if v} == {
