@@ -9,7 +9,7 @@ histories in tests/workflows/histories (named below per patch) replay both branc
 
 Each id is asked where the two branches differ and nowhere else: asking records a marker, and a
 marker where the old code recorded none would break the replay of runs that started before it.
-The route scheduler's patches follow the batch's.
+Grouped by workflow: the batch's, the route scheduler's, the alarm's.
 """
 
 from __future__ import annotations
