@@ -320,7 +320,10 @@ def _preempted(board: PreemptBoard, input: LineInput, line_no: int, ticket: Tick
         input.batch_id,
         wasted,
     )
-    return Answer(b"", LineOutcome(line=line_no, error_code="preempted", preempted=True))
+    outcome = LineOutcome(
+        line=line_no, error_code="preempted", preempted=True, wasted_tokens=wasted
+    )
+    return Answer(b"", outcome)
 
 
 def _unexpected(custom_id: str, line_no: int, err: Exception) -> Answer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request
 from temporalio.client import Client
@@ -24,6 +25,7 @@ from api.schemas import (
     error_responses,
 )
 from backfill import refs
+from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.gates import server_load as load_gate
 from backfill.ids import scheduler_workflow_id
@@ -62,13 +64,17 @@ async def _document(
 ) -> BatchScheduling:
     load = load_gate.ENTRY.setting(status.settings)
     reading = await reader.read(load.metrics_url) if load is not None else None
+    lines = await _route_lines(client, route_id, status)
     return BatchScheduling(
         route=route_id,
         settings=status.settings,
         status=SchedulingStatus(
             queued_lines=status.queued_lines,
-            running_lines=await _running_lines(client, route_id, status),
+            running_lines=lines.running,
+            preempted_lines=lines.preempted,
+            wasted_tokens=lines.wasted_tokens,
             limit=status.limit,
+            ramping_to=status.ramping_to,
             live_in_flight=status.live_in_flight,
             state=status.state,
             reason=status.reason,
@@ -80,19 +86,50 @@ async def _document(
     )
 
 
-async def _running_lines(client: Client, route_id: str, status: SchedulerStatus) -> int:
-    """Lines actually running on the route: each batch's own count (its lines started and not
-    finished), not the allotments. A batch that cannot answer now counts its allotment."""
+@dataclass(frozen=True)
+class RouteLines:
+    """What the batches on a route count of their lines there, summed."""
 
-    async def running(entry: BatchStatusEntry) -> int:
+    running: int = 0
+    """Lines running now (started and not finished), not the allotments."""
+    preempted: int = 0
+    """Runs ended early for live traffic (preemptive yield)."""
+    wasted_tokens: int = 0
+    """Tokens those runs had generated (an estimate)."""
+
+    def __add__(self, other: RouteLines) -> RouteLines:
+        return RouteLines(
+            self.running + other.running,
+            self.preempted + other.preempted,
+            self.wasted_tokens + other.wasted_tokens,
+        )
+
+
+async def _route_lines(client: Client, route_id: str, status: SchedulerStatus) -> RouteLines:
+    """Each batch on the route's own counts (`backfill.routes[]`), summed. A batch that cannot
+    answer now counts its allotment as running and nothing preempted."""
+
+    async def one(entry: BatchStatusEntry) -> RouteLines:
         handle = client.get_workflow_handle_for(refs.BatchWorkflow.run, entry.batch_id)
         try:
             batch = await handle.query(refs.BatchWorkflow.describe, rpc_timeout=QUICK_QUERY)
         except Exception:
-            return min(entry.allotment, entry.held)
-        return sum(r.running_lines for r in batch.backfill.routes if r.route == route_id)
+            return RouteLines(running=min(entry.allotment, entry.held))
+        return route_lines(batch, route_id)
 
-    return sum(await asyncio.gather(*(running(b) for b in status.batches)))
+    return sum(await asyncio.gather(*(one(b) for b in status.batches)), RouteLines())
+
+
+def route_lines(batch: Batch, route_id: str) -> RouteLines:
+    """A batch's counts on one route (its `backfill.routes[]` entries for it)."""
+    return sum(
+        (
+            RouteLines(r.running_lines, r.preempted_lines, r.wasted_tokens)
+            for r in batch.backfill.routes
+            if r.route == route_id
+        ),
+        RouteLines(),
+    )
 
 
 async def route_sample(
@@ -111,7 +148,8 @@ async def route_sample(
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
         return 0, configured_limit, 0
-    return await _running_lines(client, route_id, status), status.limit, status.live_in_flight
+    lines = await _route_lines(client, route_id, status)
+    return lines.running, status.limit, status.live_in_flight
 
 
 @router.get("/deployments/{route_id}/batch-scheduling", response_model=BatchScheduling)

@@ -191,8 +191,17 @@ class SchedulingStatus(BaseModel):
     """Lines wanted beyond their allotments."""
     running_lines: int
     """Batch lines running on the route now, counted by the batches themselves."""
+    preempted_lines: int = 0
+    """Runs of batch lines ended early to give their seat to live traffic (preemptive yield),
+    summed over the batches now on the route (each batch's `backfill.routes[]` entry)."""
+    wasted_tokens: int = 0
+    """Tokens those runs had generated, thrown away (an estimate), summed the same way."""
     limit: int
-    """"Batch lines at once"."""
+    """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen ramp's
+    lower limit."""
+    ramping_to: int | None = None
+    """While the reopen ramp holds `limit` below what the gates allow: that (null: not
+    ramping)."""
     live_in_flight: int = 0
     """Live requests in flight on the route, summed over every api process reporting."""
     state: Literal["open", "paused"] = "open"

@@ -113,6 +113,11 @@ class RouteProgress(_Wire):
     allotment: int = 0
     total_lines: int = 0
     finished_lines: int = 0
+    preempted_lines: int = 0
+    """Runs of the batch's lines on this route ended early to give their seat to live traffic
+    (preemptive yield); each line ran again."""
+    wasted_tokens: int = 0
+    """Tokens those runs had generated, thrown away (an estimate)."""
 
 
 class BackfillExtension(_Wire):

@@ -69,6 +69,10 @@ class Lane(BaseModel):
     """No new line starts (cancelled or expired)."""
     priority: int | None = None
     """The route's priority hint, from the scheduler's latest allotment."""
+    preempted_lines: int = 0
+    """Runs ended early to give their seat to live traffic (preemptive yield), each run again."""
+    wasted_tokens: int = 0
+    """Tokens those runs had generated, thrown away (the workers' estimates, summed)."""
 
     @classmethod
     def from_assignment(cls, a: RouteAssignment) -> Lane:
@@ -106,6 +110,13 @@ class Lane(BaseModel):
     def requeue(self, position: int, tries: Tries) -> None:
         self.requeued.insert(0, position)
         self.attempts[position] = tries
+
+    def requeue_preempted(self, position: int, tries: Tries, wasted_tokens: int) -> None:
+        """A run preempted for live traffic: first in the queue again, with no back-off and no
+        retry counted (`Tries.preempted` counts it), and its cost counted on the lane."""
+        self.requeue(position, tries.model_copy(update={"preempted": tries.preempted + 1}))
+        self.preempted_lines += 1
+        self.wasted_tokens += max(0, wasted_tokens)
 
     def finish(self) -> None:
         """A line ended for good (committed, or given up): the route's back-off level starts

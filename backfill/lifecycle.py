@@ -112,6 +112,8 @@ def show_progress(batch: Batch, lanes: list[Lane], *, ending: bool) -> None:
             allotment=lane.allotment,
             total_lines=lane.total,
             finished_lines=lane.finished,
+            preempted_lines=lane.preempted_lines,
+            wasted_tokens=lane.wasted_tokens,
         )
         for lane in lanes
     ]

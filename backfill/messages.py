@@ -15,6 +15,7 @@ from backfill.gates.backoff import Backoff
 from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
 from backfill.gates.live import LiveCount
 from backfill.gates.preempt import PreemptPolicy
+from backfill.gates.ramp import RampState
 from backfill.gates.registry import settings_fields
 from backfill.gates.server_load import LoadVerdict, ServerLoadSettings
 from backfill.lanes import Lane
@@ -142,6 +143,8 @@ class SchedulerInput(BaseModel):
     """Why the route holds every line back now (None: open); kept to log and count changes."""
     load: LoadVerdict | None = None
     """The server-load signal's last verdict (None: none since it was set: closed)."""
+    ramp: RampState | None = None
+    """The reopen ramp's state while `reopen_ramp` is set (None: off, or not decided yet)."""
 
 
 class BatchStatusEntry(BaseModel):
@@ -171,7 +174,11 @@ class SchedulerStatus(BaseModel):
     route_id: str
     settings: RouteSettings
     limit: int
-    """Batch lines the route allows now: "Batch lines at once", or a gate's lower limit."""
+    """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen
+    ramp's lower limit."""
+    ramping_to: int | None = None
+    """While the reopen ramp holds `limit` below what the gates allow: that (None: not
+    ramping)."""
     allotted: int
     """Sum of allotments: lines batches may run now."""
     held: int
@@ -313,6 +320,10 @@ class LineOutcome(BaseModel):
     preempted: bool = False
     """Not committed: ended early to give its seat to live traffic; run it again, first in the
     queue, without back-off and without counting a retry."""
+    wasted_tokens: int = 0
+    """With `preempted`: the tokens it had likely generated, thrown away (an estimate: its time
+    upstream × the route's tokens per second per line on that worker; 0 before a line there
+    completed)."""
 
 
 class DemandInput(BaseModel):

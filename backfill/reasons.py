@@ -4,7 +4,8 @@ Each value is the exact text the route status, a batch's `backfill.routes[].reas
 `gateway_batch_paused_routes{reason}` label and the console show; the values are also in saved
 workflow histories, so a value never changes (a new reason is a new member).
 
-`legitimate`: the wait is the route doing its job (a gate closed, the cap reached, workers busy),
+`legitimate`: the wait is the route doing its job (a gate closed, the cap reached, the reopen
+ramp growing, workers busy),
 so the stalled-batch clock (`worker/stall.py`) does not count it. Not legitimate: "Server
 metrics unavailable" (nothing starts because a reading fails: an operator must look).
 """
@@ -26,6 +27,7 @@ class WaitReason(StrEnum):
     WORKERS_BUSY = "Gateway batch workers busy"
     BACKOFF = "Rate limited · backing off"
     SEATS = "Keeping seats free for live traffic"
+    RAMP = "Ramping up after a reopen"
 
     @property
     def legitimate(self) -> bool:

@@ -9,7 +9,7 @@ histories in tests/workflows/histories (named below per patch) replay both branc
 
 Each id is asked where the two branches differ and nowhere else: asking records a marker, and a
 marker where the old code recorded none would break the replay of runs that started before it.
-The route scheduler has no patch.
+Grouped by workflow: the batch's, the route scheduler's, the alarm's.
 """
 
 from __future__ import annotations
@@ -74,6 +74,15 @@ Old branch (unreachable in recorded histories): the outcome was taken as a finis
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""
+
+# ---- RouteSchedulerWorkflow ----
+REOPEN_RAMP = "reopen-ramp"
+"""With the route's `reopen_ramp` setting on, a rise of the route's limit (a gate reopening,
+seats freeing up, the cap raised) restarts lines at the ramp's pace (`backfill.gates.ramp`): the
+allotments grow by doublings, each woken by the scheduler's gate timer. Asked only while the
+setting is on, which no route had before: every older history replays without it. Old branch
+(unreachable in recorded histories): the limit followed the gates at once. History:
+`route_scheduler_reopen_ramp.v1`."""
 
 # ---- Alarm (workflows/alarm.py) ----
 ALARM_KEEPS_DUE_TIMERS = "alarm-keeps-due-timers"

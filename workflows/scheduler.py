@@ -20,9 +20,10 @@ with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.server_load import ServerLoadActivities
     from backfill import refs
-    from backfill.gates import Gate, GateContext, route_gate
+    from backfill.gates import Gate, GateContext, ramped, route_gate
     from backfill.gates import live as live_gate
     from backfill.gates import preempt as preempt_gate
+    from backfill.gates import ramp as ramp_gate
     from backfill.gates import seats as seats_gate
     from backfill.gates import server_load as load_gate
     from backfill.gates.backoff import back_off
@@ -44,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         WatchLoadInput,
     )
     from backfill.reasons import WaitReason
+    from workflows import patches
     from workflows.alarm import Alarm
     from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
 
@@ -74,7 +76,7 @@ class RouteSchedulerWorkflow:
                 self._state.replan = True  # rotates uneven remainders
                 await self._reconcile()
             self._dirty = False
-            gate = self._gate()
+            gate = self._decide()
             self._allocate(gate)
             await self._send_changes()
             self._arm_tick()
@@ -246,9 +248,9 @@ class RouteSchedulerWorkflow:
         return scheduler_status(self._state, self._gate(now), now.timestamp())
 
     # ---- decisions ----
-    def _gate(self, now: datetime | None = None) -> Gate:
+    def _context(self, now: datetime | None = None) -> GateContext:
         s = self._state
-        context = GateContext(
+        return GateContext(
             now=now or workflow.now(),
             backoff=s.backoff,
             live=s.live,
@@ -256,7 +258,31 @@ class RouteSchedulerWorkflow:
             batch_lines=sum(b.held for b in s.batches.values()),
             cap=s.settings.max_concurrent_lines,
         )
-        return route_gate(s.settings, context)
+
+    def _gate(self, now: datetime | None = None) -> Gate:
+        """The gates' combined answer as of `now`, the reopen ramp applied from its kept state
+        (a reading: the status query asks it; the decision is `_decide`'s)."""
+        s = self._state
+        context = self._context(now)
+        gate = route_gate(s.settings, context)
+        setting = ramp_gate.ENTRY.setting(s.settings)
+        if setting is not None:
+            gate, _ = ramped(gate, setting, s.ramp, context)
+        return gate
+
+    def _decide(self) -> Gate:
+        """The gate the scheduler acts on now. With the reopen ramp on (patch `reopen-ramp`,
+        asked only then) its state is kept and its next doubling is in `wake_at`, so the gate
+        alarm wakes the scheduler for it."""
+        s = self._state
+        context = self._context()
+        gate = route_gate(s.settings, context)
+        setting = ramp_gate.ENTRY.setting(s.settings)
+        if setting is None:
+            s.ramp = None  # switched off: a later setting starts from the limit it finds
+        elif workflow.patched(patches.REOPEN_RAMP):
+            gate, s.ramp = ramped(gate, setting, s.ramp, context)
+        return gate
 
     def _allocate(self, gate: Gate) -> None:
         s = self._state
@@ -387,9 +413,15 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
     for b in sorted(s.batches.values(), key=lambda b: (b.arrived, b.batch_id)):
         reason = None
         if b.wanted > b.allotment:
-            # A closed gate, else the route's limit itself or slots other batches hold.
+            # A closed gate, else the ramp, the route's limit itself or slots other batches hold.
             others = held - b.held
-            reason = gate.reason or (WaitReason.OTHERS_TURN if others > 0 else WaitReason.AT_LIMIT)
+            reason = gate.reason or (
+                WaitReason.RAMP
+                if gate.ramping_to is not None
+                else WaitReason.OTHERS_TURN
+                if others > 0
+                else WaitReason.AT_LIMIT
+            )
         entries.append(
             BatchStatusEntry(
                 batch_id=b.batch_id,
@@ -406,16 +438,22 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         route_id=s.route_id,
         settings=s.settings,
         limit=cap,
+        ramping_to=gate.ramping_to,
         allotted=sum(b.allotment for b in s.batches.values()),
         held=held,
         queued_lines=queued,
         batches=entries,
         state="open" if gate.open else "paused",
-        reason=gate.reason or (WaitReason.AT_LIMIT if queued else None),
+        reason=gate.reason or (_held_back(gate) if queued else None),
         reason_detail=gate.detail,
         live_in_flight=live_in_flight(s.live, now),
         backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
     )
+
+
+def _held_back(gate: Gate) -> WaitReason:
+    """Why lines queue on an open route: the reopen ramp while it grows, else the limit."""
+    return WaitReason.RAMP if gate.ramping_to is not None else WaitReason.AT_LIMIT
 
 
 def scheduler_details(status: SchedulerStatus) -> str:
@@ -428,7 +466,9 @@ def scheduler_details(status: SchedulerStatus) -> str:
         head += f" ({status.reason_detail})"
     lines = [
         head,
-        f"limit {status.limit} · allotted {status.allotted} · queued lines {status.queued_lines}"
+        f"limit {status.limit}"
+        + (f" (ramping to {status.ramping_to})" if status.ramping_to is not None else "")
+        + f" · allotted {status.allotted} · queued lines {status.queued_lines}"
         f" · live in flight {status.live_in_flight}",
     ]
     for b in status.batches:

@@ -8,13 +8,14 @@ here, its reader activity if it needs I/O, and tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from backfill.gates import backoff, live, preempt, seats, server_load, window
+from backfill.gates import backoff, live, preempt, ramp, seats, server_load, window
 from backfill.gates.base import GateContext, GateEntry
+from backfill.gates.ramp import RampState, ReopenRamp
 
 GATES: tuple[GateEntry[Any], ...] = (
     window.ENTRY,
@@ -23,6 +24,7 @@ GATES: tuple[GateEntry[Any], ...] = (
     server_load.ENTRY,
     seats.ENTRY,
     preempt.ENTRY,
+    ramp.ENTRY,
 )
 """Checked in this order: the first closed gate names the reason."""
 
@@ -44,6 +46,8 @@ class Gate:
     a window's edge)."""
     limit: int | None = None
     """While open: the fewest batch lines any open gate allows (None: only the cap limits)."""
+    ramping_to: int | None = None
+    """While the reopen ramp holds `limit` below what the gates and the cap allow: that."""
 
 
 def route_gate(
@@ -66,6 +70,20 @@ def route_gate(
         if answer.limit is not None:
             limit = answer.limit if limit is None else min(limit, answer.limit)
     return Gate(True, wake_at=min(wakes) if wakes else None, limit=limit)
+
+
+def ramped(
+    gate: Gate, setting: ReopenRamp, state: RampState | None, ctx: GateContext
+) -> tuple[Gate, RampState]:
+    """`gate` with the reopen ramp applied (`ramp.ramp`), and the ramp's state to keep: while
+    it ramps, the limit is the ramp's and `wake_at` includes its next doubling; otherwise the
+    gate is unchanged."""
+    target = 0 if not gate.open else ctx.cap if gate.limit is None else min(ctx.cap, gate.limit)
+    step = ramp.ramp(setting, state, target, ctx.batch_lines, ctx.at)
+    if step.wake_at is None:
+        return gate, step.state
+    wake = step.wake_at if gate.wake_at is None else min(gate.wake_at, step.wake_at)
+    return replace(gate, limit=step.limit, wake_at=wake, ramping_to=target), step.state
 
 
 def settings_fields() -> dict[str, Any]:

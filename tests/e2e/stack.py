@@ -105,8 +105,11 @@ class Stack:
         sim_per_route: bool = False,
         route_extra: dict[str, Any] | None = None,
         workspace_limits: dict[str, dict[str, int]] | None = None,
+        preempt_token: str | None = None,
     ) -> None:
-        """`upstream_key`: the routes' credential (through `api_key_env`), else none."""
+        """`upstream_key`: the routes' credential (through `api_key_env`), else none.
+        `preempt_token`: preemptive yield's direct channel on (every process gets the token,
+        the api the workers started with the stack), else off."""
         self.tmp = tmp
         self.temporal_address = temporal_address
         self.cap = cap
@@ -132,6 +135,8 @@ class Stack:
         )
         if upstream_key and self.upstream_key_env:
             self.extra_env[self.upstream_key_env] = upstream_key
+        if preempt_token:
+            self.extra_env["BACKFILL_PREEMPT_TOKEN"] = preempt_token
         self.workers: list[Child] = []
         self.worker_metrics_ports: list[int] = []
         """Each worker's `/metrics` port, in `workers` order."""
@@ -229,6 +234,9 @@ class Stack:
         self.write_config()
         for _ in range(workers):
             self.start_worker()
+        if "BACKFILL_PREEMPT_TOKEN" in self.extra_env:  # the api sends live counts to them
+            urls = [f"http://127.0.0.1:{p}" for p in self.worker_metrics_ports]
+            self.extra_env["BACKFILL_PREEMPT_WORKER_URLS"] = ",".join(urls)
         self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
         await self.wait_healthy()
         return self

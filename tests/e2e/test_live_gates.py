@@ -1,12 +1,15 @@
 """The gateway's own gates on the real stack: "Yield to live traffic" holds batch lines back
-while live requests are in flight (counted by the api, reported to the route's scheduler), and a
-route answering 429 backs off as a whole, honouring Retry-After, without failing a line.
+while live requests are in flight (counted by the api, reported to the route's scheduler), a
+route answering 429 backs off as a whole, honouring Retry-After, without failing a line, and
+preemptive yield takes a running batch line's seat back for a live request, its cost counted in
+the route's status.
 
 Both read the simulator's record of what reached it (arrival times, the batch header)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from pathlib import Path
@@ -177,3 +180,62 @@ async def test_the_priority_hint_reaches_batch_lines_only(
         assert len(batch) == 6 and len(live) == 2
         assert {s.priority for s in batch} == {10}
         assert not any(s.has_priority for s in live)
+
+
+async def test_a_preempted_line_is_counted_in_the_batch_and_the_route_status(
+    tmp_path: Path, dev_server: TemporalServer
+) -> None:
+    """Seat-aware admission with preemption over the direct api → worker channel: a live
+    request needs a seat the route's two batch lines hold, the youngest is ended and requeued,
+    and the batch's `backfill.routes[]` and the route's status count it."""
+    sim = SimConfig(model_names=[], latency_ms=1000, stream_token_delay_ms=200)
+    stack = Stack(tmp_path, dev_server.address, cap=2, sim=sim, preempt_token="e2e-preempt")
+    async with stack.running(), httpx.AsyncClient(timeout=30) as http:
+        await put_settings(
+            stack,
+            http,
+            {
+                "max_concurrent_lines": 2,
+                "seat_aware": {"seats": 3, "keep_free": 1},
+                "preempt": {"max_preemptions": 100},
+            },
+        )
+        client = stack.client()
+        batch_id = await submit(stack, 40)
+        await poll(
+            lambda: batch_arrivals(stack), lambda a: len(a) >= 2, within=30, what="lines flowing"
+        )
+
+        async def live_traffic() -> None:
+            """One live stream in flight at a time (each ~4 s), until cancelled."""
+            while True:
+                stream = await client.chat.completions.create(
+                    model="demo", messages=[{"role": "user", "content": "live"}], stream=True
+                )
+                async for _ in stream:
+                    pass
+
+        live = asyncio.ensure_future(live_traffic())
+        try:
+            # The api reads the route's preemption policy every 5 s, then sends its live count
+            # to the worker at every change and every second.
+            await poll(
+                lambda: scheduling(stack, http),
+                lambda d: d["status"]["preempted_lines"] > 0,
+                within=15,
+                what="a batch line preempted for the live stream",
+                every=0.2,
+            )
+        finally:
+            live.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live
+        batch = await client.batches.retrieve(batch_id)
+        assert batch.model_extra is not None
+        [entry] = batch.model_extra["backfill"]["routes"]
+        assert entry["preempted_lines"] > 0
+        # The route's status is the sum over its batches (this one only), read after it.
+        status = (await scheduling(stack, http))["status"]
+        assert status["preempted_lines"] >= entry["preempted_lines"]
+        assert status["wasted_tokens"] >= entry["wasted_tokens"]
+        await client.batches.cancel(batch_id)

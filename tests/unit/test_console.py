@@ -91,6 +91,8 @@ def test_a_blank_gate_is_off_and_the_document_validates_like_the_api() -> None:
                 ("time_window.days", "fri"),
                 ("time_window.from", "19:00"),
                 ("time_window.until", "07:00"),
+                ("reopen_ramp.initial", "2"),
+                ("reopen_ramp.double_every_s", "1.5"),
                 ("priority_hint", "10"),
             ]
         )
@@ -98,6 +100,7 @@ def test_a_blank_gate_is_off_and_the_document_validates_like_the_api() -> None:
     parsed = RouteSettings.model_validate(settings_document(full))
     assert parsed.server_load is not None and parsed.server_load.max_waiting == 0
     assert parsed.time_window is not None and parsed.time_window.days == ["mon", "fri"]
+    assert parsed.model_dump()["reopen_ramp"] == {"initial": 2, "double_every_s": 1.5}
     # And back: the form shows what was saved.
     shown = form_values(parsed)
     assert {k: v for k, v in shown.items() if v} == {
@@ -335,3 +338,61 @@ def test_the_batch_page_shows_the_pace_the_expected_finish_and_the_risk() -> Non
     ext.lines_per_second, ext.expected_finish_at, ext.at_risk = 2.5, 90000, True
     html = page()
     assert "2.5 lines/s" in html and "1970-01-02 01:00:00 UTC" in html and "at risk" in html
+
+
+def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
+    from starlette.requests import Request
+
+    from api.console.sessions import SessionTable
+    from api.console.web import templates
+    from api.schemas import BatchScheduling, SchedulingStatus
+    from backfill.gates import SETTINGS_GATES
+    from backfill.reasons import LEGITIMATE_WAITS, WaitReason
+
+    admin = Identity(workspace="ops", role="auditor", key_name="ops")
+    settings = RouteSettings.model_validate(
+        {
+            "max_concurrent_lines": 8,
+            "seat_aware": {"seats": 10, "keep_free": 2},
+            "preempt": {"max_preemptions": 3},
+            "reopen_ramp": {"initial": 1, "double_every_s": 2},
+        }
+    )
+    status = SchedulingStatus(
+        queued_lines=40,
+        running_lines=2,
+        limit=2,
+        ramping_to=8,
+        reason=WaitReason.RAMP,
+        preempted_lines=7,
+        wasted_tokens=1234,
+        batches=[],
+    )
+    request = Request({"type": "http", "query_string": b"", "headers": [], "path": "/"})
+
+    def page(doc: BatchScheduling) -> str:
+        return templates.get_template("route.html").render(
+            request=request,
+            session=SessionTable().create(admin, now=0),
+            identity=admin,
+            doc=doc,
+            route=None,
+            chart=route_chart([], now=0),
+            values=form_values(doc.settings),
+            errors={},
+            gates=SETTINGS_GATES,
+            legitimate=LEGITIMATE_WAITS,
+            can_edit=False,
+            saved=False,
+        )
+
+    html = page(BatchScheduling(route="r1", settings=settings, status=status))
+    assert "2 of 2 at most (ramping up to 8 after a reopen)" in html
+    assert "Ramping up after a reopen" in html
+    assert "7 line runs, ~1234 tokens wasted" in html
+    assert "from 1 line, doubling every 2 s" in html  # the read-only settings
+    # A route without preemption, which never had a line preempted, shows no such row.
+    plain = status.model_copy(update={"ramping_to": None, "preempted_lines": 0})
+    html = page(BatchScheduling(route="r1", settings=RouteSettings(), status=plain))
+    assert "ramping up" not in html and "Preempted for live traffic" not in html
+    assert "off (all at once)" in html

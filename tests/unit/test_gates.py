@@ -134,6 +134,7 @@ def test_the_registry_checks_in_order_and_derives_the_settings_fields() -> None:
         "server_load",
         "seat_aware",
         "preempt",
+        "reopen_ramp",
     ]
     gate_fields = set(RouteSettings.model_fields) - {"max_concurrent_lines", "priority_hint"}
     assert gate_fields == {g.name for g in SETTINGS_GATES}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from api.admin import RouteLines, route_lines
+from backfill.batches import Batch
 from backfill.gates import Gate
 from backfill.lanes import Lane, Tries, demand_to_report
+from backfill.lifecycle import show_done, show_progress
 from backfill.messages import BatchSlot, RouteAssignment, RouteSettings, SchedulerInput
 from workflows.scheduler import scheduler_status
 
@@ -51,6 +54,35 @@ def test_requeued_lines_go_first_with_their_attempts() -> None:
     ln.running -= 1
     assert ln.take() == (1, Tries(retries=2, lost=1))
     assert ln.take() == (2, Tries())
+
+
+def test_a_preempted_line_goes_first_again_and_its_cost_is_counted() -> None:
+    ln = lane()
+    ln.set_allotment(1, 2)
+    ln.take()
+    ln.take()
+    ln.requeue_preempted(1, Tries(retries=1), wasted_tokens=120)
+    ln.running -= 1
+    ln.requeue_preempted(0, Tries(preempted=2), wasted_tokens=30)
+    ln.running -= 1
+    # No retry counted, no back-off: first in the queue, `Tries.preempted` bounds it.
+    assert ln.take() == (0, Tries(preempted=3))
+    assert ln.take() == (1, Tries(retries=1, preempted=1))
+    assert ln.backoff_until is None and ln.can_start(0) is False  # the allotment of 2 is full
+    assert (ln.preempted_lines, ln.wasted_tokens) == (2, 150)
+
+    # Shown per route on the batch (kept when it ends), summed per route for the route status.
+    other = Lane(index=1, route_id="s", model="m", total=4, preempted_lines=5, wasted_tokens=9)
+    b = Batch(
+        id="b", endpoint="/v1/chat/completions", input_file_id="f", completion_window="24h",
+        status="in_progress", created_at=0,
+    )  # fmt: skip
+    show_progress(b, [ln, other], ending=False)
+    shown = [(p.route, p.preempted_lines, p.wasted_tokens) for p in b.backfill.routes]
+    assert shown == [("r", 2, 150), ("s", 5, 9)]
+    show_done(b)
+    assert route_lines(b, "r") == RouteLines(running=0, preempted=2, wasted_tokens=150)
+    assert route_lines(b, "r") + route_lines(b, "s") == RouteLines(0, 7, 159)
 
 
 def test_backoff_blocks_starts_until_it_passes_and_doubles() -> None:

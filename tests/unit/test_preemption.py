@@ -131,10 +131,12 @@ def hanging_upstream() -> tuple[httpx.MockTransport, asyncio.Event, list[str]]:
     return httpx.MockTransport(handler), release, seen
 
 
-async def preemptible(tmp_path: Path, transport: httpx.MockTransport) -> tuple[LineActivities, str]:
+async def preemptible(
+    tmp_path: Path, transport: httpx.MockTransport, board: PreemptBoard | None = None
+) -> tuple[LineActivities, str]:
     """`make`'s activities (it validates with asyncio.run: in a thread), with a board."""
     acts, file_id, store = await asyncio.to_thread(make, tmp_path, lambda r: httpx.Response(500))
-    board = PreemptBoard()
+    board = board or PreemptBoard()
     acts = LineActivities(acts.settings, store, httpx.AsyncClient(transport=transport), None, board)
     return acts, file_id
 
@@ -155,18 +157,29 @@ async def until_sending(acts: LineActivities) -> None:
 
 async def test_a_preempted_line_closes_its_request_and_commits_nothing(tmp_path: Path) -> None:
     transport, release, seen = hanging_upstream()
-    acts, file_id = await preemptible(tmp_path, transport)
+    clock = Clock()
+    acts, file_id = await preemptible(tmp_path, transport, PreemptBoard(clock))
     assert acts.preempt is not None
+    # A line completed on this worker taught it the route's pace: 100 tokens in 2 s.
+    taught = acts.preempt.enter("r1", 0)
+    await acts.preempt.door(taught)
+    clock.now += 2
+    acts.preempt.finished(taught, 100)
+    acts.preempt.leave(taught)
     before = counter("gateway_batch_preempted_lines_total")
+    wasted_before = counter("gateway_batch_wasted_tokens_total")
     inp = line(file_id, final=False).model_copy(update={"timeout_seconds": 30})
     running = asyncio.ensure_future(ActivityEnvironment().run(acts.run_line, inp))
     await until_sending(acts)
+    clock.now += 3  # 3 s upstream at 50 tokens per second
     acts.preempt.report("r1", "api-a", 4, POLICY)  # live fills every shared seat
     outcome: LineOutcome = await asyncio.wait_for(running, 5)
     assert outcome.preempted and not outcome.ok and not outcome.retry
+    assert outcome.wasted_tokens == 150  # for the batch to count (`backfill.routes[]`)
     assert seen == ["sent", "closed"]
     assert acts.store.get_result(BATCH, 0) is None  # nothing committed
     assert counter("gateway_batch_preempted_lines_total") == before + 1
+    assert counter("gateway_batch_wasted_tokens_total") == wasted_before + 150
     # Live traffic leaves; the line runs again (as the workflow requeues it) and is committed.
     acts.preempt.report("r1", "api-a", 0, POLICY)
     release.set()

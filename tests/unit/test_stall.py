@@ -182,5 +182,6 @@ def test_the_reasons_keep_their_exact_text_and_only_metrics_unavailable_is_not_l
         "Gateway batch workers busy",
         "Rate limited · backing off",
         "Keeping seats free for live traffic",
+        "Ramping up after a reopen",
     ]
     assert [r for r in WaitReason if not r.legitimate] == [WaitReason.METRICS]

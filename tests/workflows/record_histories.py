@@ -46,7 +46,7 @@ from tests.workflows.events import (
     updated,
 )
 from workflows.batch import BatchWorkflow
-from workflows.patches import ALARMS_ON_TIME, WEBHOOK_EVENTS
+from workflows.patches import ALARMS_ON_TIME, REOPEN_RAMP, WEBHOOK_EVENTS
 
 OUT = Path(__file__).parent / "histories"
 VERSION = "v1"
@@ -338,6 +338,32 @@ async def route_scheduler_set_settings(stack: Stack, temporal: Client) -> None:
     save("route_scheduler_set_settings", h)
 
 
+async def route_scheduler_reopen_ramp(stack: Stack, temporal: Client) -> None:
+    """The route's cap raised from 1 to 8 with the reopen ramp on: the scheduler hands the new
+    slots out by doublings, each on a timer (patch reopen-ramp). The settings are put back."""
+    url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
+    ramp = {"initial": 1, "double_every_s": 0.5}
+    async with httpx.AsyncClient(headers={"Authorization": "Bearer sk-test-admin"}) as http:
+        r = await http.put(url, json={"max_concurrent_lines": 1, "reopen_ramp": ramp})
+        assert r.status_code == 200, r.text
+        batch_id = await submit(stack, 80, prefix="ramp")
+        await until(lambda: running_lines(stack, batch_id), lambda n: n > 0, "lines running")
+        r = await http.put(url, json={"max_concurrent_lines": 8, "reopen_ramp": ramp})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"]["ramping_to"] == 8, r.json()
+        await wait_terminal(stack.client(), batch_id)
+        r = await http.put(url, json={"max_concurrent_lines": stack.cap})
+        assert r.status_code == 200, r.text
+    h = await temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id)).fetch_history()
+    marker = require(
+        h, E.EVENT_TYPE_MARKER_RECORDED, f"{REOPEN_RAMP} marker", patch_marker(REOPEN_RAMP)
+    )
+    assert any(e.event_type == E.EVENT_TYPE_TIMER_STARTED for e in h.events[marker:]), (
+        "no timer for a doubling after the ramp began"
+    )
+    save("route_scheduler_reopen_ramp", h)
+
+
 async def route_scheduler(stack: Stack, temporal: Client) -> None:
     h = await temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id)).fetch_history()
     require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "demand", signaled("demand"))
@@ -358,6 +384,7 @@ ONE_STACK: dict[str, Callable[[Stack, Client], Awaitable[None]]] = {
         batch_completed_announced,
         batch_failed_announced,
         route_scheduler_set_settings,
+        route_scheduler_reopen_ramp,
         route_scheduler,  # last: after the others' traffic
     )
 }

@@ -51,6 +51,8 @@ def test_histories_exist() -> None:
         # a terminal batch hands its webhook event over (patch webhook-events)
         "batch_completed_announced.v1",
         "batch_failed_announced.v1",
+        # the route's limit raised with the reopen ramp on (patch reopen-ramp)
+        "route_scheduler_reopen_ramp.v1",
     } <= names
 
 

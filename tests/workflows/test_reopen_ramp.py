@@ -1,0 +1,102 @@
+"""The reopen ramp on the real dev server: when "Yield to live traffic" reopens the route, the
+route scheduler hands the freed slots out 1, 2, 4, 8 (one doubling per timer), not 0 → 8 (the
+real RouteSchedulerWorkflow; the batch is a stand-in that records and acknowledges its
+allotments)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from backfill.ids import scheduler_workflow_id
+from backfill.messages import Demand, LiveReport, RouteSettings, SchedulerInput
+from backfill.reasons import WaitReason
+from tests.polling import poll_until
+from tests.workflows.events import patch_marker, signaled
+from tests.workflows.seat_batch import SeatBatchWorkflow
+from tests.workflows.test_seat_aware import none_closed
+from workflows.patches import REOPEN_RAMP
+from workflows.scheduler import RouteSchedulerWorkflow
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+DOUBLE_EVERY_S = 1.5
+
+
+async def test_a_reopened_route_ramps_its_allotments_up(temporal_client: Client) -> None:
+    client = temporal_client
+    queue = f"ramp-{uuid.uuid4().hex[:8]}"
+    route = f"route-{queue}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[RouteSchedulerWorkflow, SeatBatchWorkflow],
+        activities=[none_closed],
+    ):
+        batch = await client.start_workflow(
+            SeatBatchWorkflow.run, id=f"batch-{queue}", task_queue=queue
+        )
+        settings = RouteSettings(
+            max_concurrent_lines=8,
+            yield_to_live_traffic={"pause_at_in_flight": 1},
+            reopen_ramp={"initial": 1, "double_every_s": DOUBLE_EVERY_S},
+        )
+        scheduler = await client.start_workflow(
+            RouteSchedulerWorkflow.run,
+            SchedulerInput(route_id=route, settings=settings, reconcile_seconds=3600),
+            id=scheduler_workflow_id(route),
+            task_queue=queue,
+        )
+        await scheduler.signal(
+            RouteSchedulerWorkflow.demand, Demand(batch_id=batch.id, workspace="w", wanted=100)
+        )
+
+        async def allotments() -> list[int]:
+            return await batch.query(SeatBatchWorkflow.allotments)
+
+        # An open route from the start: its limit at once (a ramp follows a rise only).
+        await poll_until(allotments, lambda a: a == [8], timeout=30, what="the first allotment")
+
+        async def held() -> int:
+            return (await scheduler.query(RouteSchedulerWorkflow.status, time.time())).held
+
+        await scheduler.signal(
+            RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=1)
+        )
+        await poll_until(allotments, lambda a: a[-1:] == [0], timeout=30, what="the route closed")
+        await poll_until(held, lambda n: n == 0, timeout=30, what="the running lines ended")
+        await scheduler.signal(
+            RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=0)
+        )
+        await poll_until(allotments, lambda a: a[-1:] == [1], timeout=30, what="one line first")
+        status = await scheduler.query(RouteSchedulerWorkflow.status, time.time())
+        assert (status.ramping_to, status.reason) == (8, WaitReason.RAMP)
+        assert status.limit < 8
+
+        sent = await poll_until(allotments, lambda a: a[-1:] == [8], timeout=30, what="all 8")
+        assert sent == [8, 0, 1, 2, 4, 8]
+        status = await scheduler.query(RouteSchedulerWorkflow.status, time.time())
+        assert (status.limit, status.ramping_to) == (8, None)
+
+        # After the reopen, one timer per doubling; the patch marker is recorded.
+        history = await scheduler.fetch_history()
+        reopened = max(
+            i
+            for i, e in enumerate(history.events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            and signaled("report_live")(e)
+        )
+        timers = [
+            e
+            for e in history.events[reopened:]
+            if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        ]
+        assert len(timers) == 3, timers
+        assert any(patch_marker(REOPEN_RAMP)(e) for e in history.events)
+        await scheduler.terminate()
+        await batch.terminate()
