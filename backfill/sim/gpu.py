@@ -122,6 +122,9 @@ class ClassCounters:
     """Tokens generated for this class, counted at each step (aborted requests' too)."""
     finished: int = 0
     aborted: int = 0
+    aborted_tokens: int = 0
+    """Tokens the aborted requests had generated when their client left: work thrown away (all
+    of each one's tokens, also those generated before the last reset)."""
     aborted_at: list[float] = field(default_factory=list)
     """When each aborted request's client left (monotonic: comparable across processes of one
     host), so a benchmark can time how fast a seat is taken back."""
@@ -153,6 +156,7 @@ class LatencyLog:
                 "finished": c.finished,
                 "aborted": c.aborted,
                 "aborted_at": list(c.aborted_at),
+                "aborted_tokens": c.aborted_tokens,
                 "generated_tokens": c.generated_tokens,
                 "completion_tokens": sum(r.completion_tokens for r in recs),
                 "prompt_tokens": sum(r.prompt_tokens for r in recs),
@@ -249,6 +253,7 @@ class GpuEngine:
         seq.aborted_at = time.monotonic()
         counters = self.log.counters(seq.traffic)
         counters.aborted += 1
+        counters.aborted_tokens += seq.generated
         counters.aborted_at.append(seq.aborted_at)
         if seq in self._running:
             self._running.remove(seq)
