@@ -212,6 +212,18 @@ async def test_aborted_requests_count_the_tokens_they_had_generated() -> None:
     assert engine.log.batch.aborted_tokens == batch.generated
     assert engine.log.batch.generated_tokens == batch.generated + 3
     assert engine.log.summary()["batch"]["aborted_tokens"] == batch.generated
+    # Across a reset, only the tokens generated since count (a measurement window's waste).
+    long = GpuSequence(prompt_tokens=4, max_new=10_000, traffic="batch")
+    engine.submit(long)
+    for _ in range(3):
+        await long.tokens.get()
+    engine.log.reset()
+    while engine.log.batch.generated_tokens < 2:
+        await long.tokens.get()
+    engine.abort(long)
+    assert long.generated >= 5
+    assert engine.log.batch.aborted_tokens == engine.log.batch.generated_tokens >= 2
+    assert engine.log.batch.aborted_tokens <= long.generated - 3
     await engine.stop()
 
 
