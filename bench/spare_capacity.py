@@ -1,34 +1,46 @@
 """Spare capacity, measured: how much of a GPU server's idle room a batch fills, and what that
-costs live traffic. Issue 9.
+costs live traffic. Issues 9 and 26.
 
-    .venv/bin/python -m bench.spare_capacity --modes live,naive:16,naive:4
-    .venv/bin/python -m bench.spare_capacity --modes live,naive:16,cap:4,cap:8,cap:16
+    .venv/bin/python -m bench.spare_capacity --trace bursty --reps 3 \\
+        --modes live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt
 
 The upstream is the simulator in GPU mode (`backfill.sim.gpu`, continuous batching, priority
-scheduling policy). One open-loop live workload, seeded, is replayed identically in every mode:
-streaming chat requests arriving as a Poisson process whose rate follows a bursty curve (quiet
-phases, then busy phases whose live load alone nearly fills the server's `max_num_seqs`). Each
-mode adds a different batch load next to it:
+scheduling policy). One open-loop live workload (`bench.spare_workload`: `--trace` bursty, steady
+or step, `--duration` seconds), seeded, is replayed identically in every mode of a repetition;
+each of the `--reps` repetitions has its own seed. Each mode adds a different batch load next to
+it (`bench.spare_loads`):
 
-- `live`: nothing (the reference for live latency, and the live load the spare is computed from);
+- `live`: nothing, live traffic straight to the simulator;
+- `live-gw`: nothing, live traffic through the gateway's proxy (the reference of the ratio
+  column when present: the backfill rows pay the same proxy hop);
 - `naive:C`: a client sending batch requests straight to the server, C at a time, as users do
   without backfill;
-- `cap:N`: backfill (the real stack: Temporal dev server, worker and api processes) with
-  "Batch lines at once" = N and no other gate; live traffic goes through the gateway's proxy;
-- `live-gw`: live only, through the gateway (the proxy's own cost, for the backfill rows);
+- `ideal:K`: the ideal preempting client, in the replay's process: knows the live count
+  exactly, keeps K seats free, cancels its youngest requests at once when live traffic needs
+  their seats, and sends them again later (no gateway);
+- `cap:N`: backfill (the real stack: Temporal dev server, worker and api processes) with "Batch
+  lines at once" = N and no other gate;
+- `first-round`: backfill with the first round of gates (cap 12, yield to live traffic at 2,
+  server load waiting > 0 or running > 10, priority hint 10);
+- `seat-aware`: backfill with deploy/examples/batch-scheduling/bursty-vllm.json minus `preempt`;
+- `preempt`: backfill with that file as shipped (seat-aware admission and preemptive yield);
 - `--mode-json '{"name": ..., "kind": "backfill", "settings": {...}}'`: any settings document
-  (`PUT .../batch-scheduling`) as a backfill mode, e.g. yield + server load + priority hint once
-  the gates exist.
+  (`PUT .../batch-scheduling`) as a backfill mode.
+
+Live traffic goes through the gateway in every row except `live`, `naive:*` and `ideal:*`.
 
 Capacity is measured first by a saturation run: 2 × `max_num_seqs` batch-shaped requests kept in
 flight for `--capacity-s` seconds after a warm-up, tokens generated per second. Spare capacity
-= capacity − the live-only run's live tokens/s over the window. A mode's batch share = its batch
-tokens/s over the window ÷ spare. Tokens are counted by the simulator at each engine step, per
-class (live, or batch: requests carrying `X-Backfill-Batch`), so requests still running when the
-window ends count for the tokens they produced inside it.
+(per repetition) = capacity − the live-only run's live tokens/s over the window. A mode's batch
+share = its batch tokens/s over the window ÷ spare. Tokens are counted by the simulator at each
+engine step, per class (live, or batch: requests carrying `X-Backfill-Batch`), so requests still
+running when the window ends count for the tokens they produced inside it. Wasted = the tokens of
+batch requests aborted during the window (their client closed the connection), as a share of the
+batch tokens generated in it.
 
 Live TTFT is measured by the client (first content chunk) and by the simulator (arrival to first
-token, no proxy in it). Writes the result as JSON (`--out`) and prints a table.
+token, no proxy in it). Writes every run as JSON (`--out`) and prints a table of the medians over
+the repetitions.
 """
 
 from __future__ import annotations
@@ -38,111 +50,47 @@ import asyncio
 import contextlib
 import json
 import os
-import random
+import secrets
 import signal
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import httpx
 
-from backfill.sim import BATCH_HEADER, GpuConfig, SimConfig, SimServer
+from backfill.sim import SimServer
 from backfill.sim.gpu import GpuEngine, percentile
 from bench.common import clear_settings_env, log
+from bench.spare_loads import (
+    CHAT,
+    BackfillBatch,
+    BatchLoad,
+    IdealClient,
+    InFlight,
+    NaiveClient,
+    NoBatch,
+)
+from bench.spare_workload import TRACES, Arrival, Workload, chat_body
 
-ModeKind = Literal["live_only", "naive", "backfill"]
-CHAT = "/v1/chat/completions"
+__all__ = ["Mode", "ModeResult", "ModeSummary", "Workload", "main", "summarize"]
 
-
-# ---- the workload --------------------------------------------------------------------------------
-
-
-@dataclass
-class Workload:
-    """The simulated GPU and the traffic replayed against it."""
-
-    max_num_seqs: int = 16
-    step_base_ms: float = 40.0
-    step_per_seq_ms: float = 2.5
-    prefill_per_token_ms: float = 0.05
-    kv_cache_tokens: int = 65536
-    live_prompt_words: tuple[int, int] = (40, 160)
-    live_output_tokens: tuple[int, int] = (24, 72)
-    batch_prompt_words: int = 100
-    batch_output_tokens: int = 128
-    quiet_s: float = 15.0
-    busy_s: float = 15.0
-    cycles: int = 3
-    quiet_fill: float = 0.15
-    """Live sequences running in a quiet phase, as a fraction of `max_num_seqs` (offered load)."""
-    busy_fill: float = 0.85
-    """The same in a busy phase: the live load alone nearly fills the server."""
-    seed: int = 1
-
-    def gpu(self) -> GpuConfig:
-        return GpuConfig(
-            step_base_ms=self.step_base_ms,
-            step_per_seq_ms=self.step_per_seq_ms,
-            prefill_per_token_ms=self.prefill_per_token_ms,
-            kv_cache_tokens=self.kv_cache_tokens,
-        )
-
-    def sim_config(self) -> SimConfig:
-        return SimConfig(
-            model_names=["demo"],
-            max_num_seqs=self.max_num_seqs,
-            scheduling_policy="priority",
-            gpu=self.gpu(),
-        )
-
-    @property
-    def window_s(self) -> float:
-        return self.cycles * (self.quiet_s + self.busy_s)
-
-    def live_rate(self, fill: float) -> float:
-        """Arrivals/s that keep `fill × max_num_seqs` live sequences running (Little's law)."""
-        running = fill * self.max_num_seqs
-        engine = GpuEngine(self.gpu(), self.max_num_seqs, use_priority=False)
-        mean_out = sum(self.live_output_tokens) / 2
-        seconds = (mean_out + 1) * engine.step_ms(round(running)) / 1000.0
-        return running / seconds
-
-    def schedule(self) -> list[Arrival]:
-        rng = random.Random(self.seed)
-        out: list[Arrival] = []
-        t = 0.0
-        for _ in range(self.cycles):
-            for length, fill in ((self.quiet_s, self.quiet_fill), (self.busy_s, self.busy_fill)):
-                end, rate = t + length, self.live_rate(fill)
-                while (t := t + rng.expovariate(rate)) < end:
-                    words = rng.randint(*self.live_prompt_words)
-                    tokens = rng.randint(*self.live_output_tokens)
-                    out.append(Arrival(t, words, tokens, busy=fill == self.busy_fill))
-                t = end
-        return out
-
-
-@dataclass(frozen=True)
-class Arrival:
-    at_s: float
-    prompt_words: int
-    output_tokens: int
-    busy: bool = False
-    """Whether it arrives in a busy phase."""
-
-
-def chat_body(words: int, tokens: int, **extra: Any) -> dict[str, Any]:
-    prompt = " ".join(f"w{i}" for i in range(words))
-    return {
-        "model": "demo",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        **extra,
-    }
+ModeKind = Literal["live_only", "naive", "ideal", "backfill"]
+EXAMPLE = Path(__file__).resolve().parents[1] / "deploy/examples/batch-scheduling/bursty-vllm.json"
+"""The shipped settings example the `seat-aware` and `preempt` presets measure."""
+FIRST_ROUND: dict[str, Any] = {
+    "max_concurrent_lines": 12,
+    "yield_to_live_traffic": {"pause_at_in_flight": 2},
+    "server_load": {"metrics_url": "{sim_url}/metrics", "max_waiting": 0, "max_running": 10},
+    "priority_hint": 10,
+}
+"""The first round of gates, the best row of docs/performance.md's table before seat-aware
+admission."""
+LIVE, LIVE_GW = "live only", "live only (gateway)"
 
 
 # ---- modes ---------------------------------------------------------------------------------------
@@ -157,134 +105,39 @@ class Mode:
     concurrency: int | None = None
     settings: dict[str, Any] | None = None
     via_gateway: bool = False
+    keep_free: int | None = None
+    """`ideal`: seats the ideal client keeps free."""
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
         kind, _, arg = spec.partition(":")
         if kind == "live":
-            return cls("live only", "live_only")
+            return cls(LIVE, "live_only")
         if kind == "live-gw":
-            return cls("live only (gateway)", "live_only", via_gateway=True)
+            return cls(LIVE_GW, "live_only", via_gateway=True)
         if kind == "naive" and arg.isdigit():
             return cls(f"naive client, {arg} at a time", "naive", concurrency=int(arg))
+        if kind == "ideal" and arg.isdigit():
+            return cls(f"ideal client, {arg} kept free", "ideal", keep_free=int(arg))
         if kind == "cap" and arg.isdigit():
             return cls(
                 f"backfill, cap {arg}", "backfill", settings={"max_concurrent_lines": int(arg)}
             )
-        raise ValueError(f"unknown mode {spec!r} (live, live-gw, naive:C, cap:N)")
-
-
-class BatchLoad(Protocol):
-    """What a mode adds next to live traffic. `start` returns once batch work is running."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> dict[str, Any]: ...
-
-
-class NoBatch:
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> dict[str, Any]:
-        return {}
-
-
-class NaiveClient:
-    """`concurrency` workers, each sending one batch request after another straight to the sim."""
-
-    def __init__(self, sim: SimServer, workload: Workload, concurrency: int) -> None:
-        self.sim, self.workload, self.concurrency = sim, workload, concurrency
-        self.done = self.failed = 0
-        self._tasks: list[asyncio.Task[None]] = []
-        self._http = httpx.AsyncClient(
-            base_url=sim.url,
-            timeout=600,
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        if kind == "first-round":
+            name = "backfill, cap 12, yield 2, waiting>0, running>10, prio 10"
+            return cls(name, "backfill", settings=FIRST_ROUND)
+        if kind in ("seat-aware", "preempt"):
+            example = json.loads(EXAMPLE.read_text())
+            if kind == "seat-aware":
+                example.pop("preempt", None)
+                return cls(
+                    f"backfill, {EXAMPLE.name} without preempt", "backfill", settings=example
+                )
+            return cls(f"backfill, {EXAMPLE.name}", "backfill", settings=example)
+        raise ValueError(
+            f"unknown mode {spec!r} (live, live-gw, naive:C, ideal:K, cap:N, first-round, "
+            "seat-aware, preempt)"
         )
-
-    async def _worker(self) -> None:
-        w = self.workload
-        body = chat_body(w.batch_prompt_words, w.batch_output_tokens)
-        while True:
-            r = await self._http.post(CHAT, json=body, headers={BATCH_HEADER: "naive"})
-            if r.status_code == 200:
-                self.done += 1
-            else:
-                self.failed += 1
-
-    async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
-        engine = self.sim.app.engine
-        assert engine is not None
-        await wait_for(lambda: engine.running > 0, 30, "naive batch requests running")
-
-    async def stop(self) -> dict[str, Any]:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._http.aclose()
-        engine = self.sim.app.engine
-        assert engine is not None  # the sim notices the disconnects and aborts the requests
-        await wait_for(lambda: engine.running + engine.waiting == 0, 30, "naive requests gone")
-        return {"batch_requests_finished": self.done, "batch_requests_failed": self.failed}
-
-
-class BackfillBatch:
-    """A batch through the real gateway: route settings PUT, file uploaded, batch created."""
-
-    def __init__(self, stack: Any, workload: Workload, settings: dict[str, Any], lines: int):
-        self.stack, self.workload, self.settings, self.lines = stack, workload, settings, lines
-        self.batch_id: str | None = None
-
-    async def start(self) -> None:
-        from tests.e2e.stack import auth
-
-        stack, w = self.stack, self.workload
-        url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
-        # "{sim_url}" in a setting (e.g. server_load.metrics_url) is the simulator's base URL.
-        settings = json.loads(json.dumps(self.settings).replace("{sim_url}", stack.sim.url))
-        async with httpx.AsyncClient(timeout=30) as http:
-            r = await http.put(url, json=settings, headers=auth("sk-test-admin"))
-            if r.status_code != 200:
-                raise RuntimeError(f"settings refused: {r.status_code} {r.text}")
-        body = chat_body(w.batch_prompt_words, w.batch_output_tokens)
-        lines = [
-            json.dumps({"custom_id": f"l{i}", "method": "POST", "url": CHAT, "body": body})
-            for i in range(self.lines)
-        ]
-        client = stack.client()
-        f = await client.files.create(
-            file=("batch.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch"
-        )
-        batch = await client.batches.create(
-            input_file_id=f.id, endpoint=CHAT, completion_window="24h"
-        )
-        self.batch_id = batch.id
-        engine = stack.sim.app.engine
-        await wait_for(lambda: engine.log.batch.generated_tokens > 0, 120, "batch lines running")
-
-    async def stop(self) -> dict[str, Any]:
-        client = self.stack.client()
-        assert self.batch_id is not None
-        batch = await client.batches.cancel(self.batch_id)
-        sim_stats = self.stack.sim.app.stats
-        await wait_for(lambda: sim_stats.batch.concurrent == 0, 600, "batch lines drained")
-        batch = await client.batches.retrieve(self.batch_id)
-        counts = batch.request_counts
-        return {
-            "batch_id": self.batch_id,
-            "batch_status": batch.status,
-            "batch_lines_completed": counts.completed if counts else None,
-        }
-
-
-async def wait_for(pred: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {within:.0f}s")
-        await asyncio.sleep(0.05)
 
 
 # ---- live traffic and the measurement ------------------------------------------------------------
@@ -317,47 +170,143 @@ async def one_live(http: httpx.AsyncClient, a: Arrival, headers: dict[str, str])
 
 
 async def replay(
-    arrivals: list[Arrival], base_url: str, headers: dict[str, str]
+    arrivals: list[Arrival], base_url: str, headers: dict[str, str], live: InFlight
 ) -> list[LiveOutcome]:
+    """Each arrival at its time; `live` counts those sent and not yet ended."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
         t0 = time.monotonic()
 
         async def at(a: Arrival) -> LiveOutcome:
             await asyncio.sleep(max(0.0, t0 + a.at_s - time.monotonic()))
-            return await one_live(http, a, headers)
+            live.n += 1
+            try:
+                return await one_live(http, a, headers)
+            finally:
+                live.n -= 1
 
         return list(await asyncio.gather(*(at(a) for a in arrivals)))
 
 
+Dist = dict[str, float | None]
+
+
 @dataclass
 class ModeResult:
+    """One run of one mode."""
+
     name: str
     kind: str
+    rep: int
+    seed: int
     window_s: float
     live_sent: int
     live_errors: int
-    live_ttft_ms: dict[str, float | None]
-    live_e2e_ms: dict[str, float | None]
-    sim_live_ttft_ms: dict[str, float | None]
-    sim_batch_e2e_ms: dict[str, float | None]
+    live_ttft_ms: Dist
+    live_e2e_ms: Dist
+    sim_live_ttft_ms: Dist
+    sim_batch_e2e_ms: Dist
     live_tokens_per_s: float
     batch_tokens_per_s: float
+    batch_tokens: int
+    batch_aborted: int
+    batch_aborted_tokens: int
+    """Tokens the batch requests aborted in the window had generated (thrown away)."""
     peak_waiting: int
-    live_ttft_ms_quiet: dict[str, float | None] = field(default_factory=dict)
-    live_ttft_ms_busy: dict[str, float | None] = field(default_factory=dict)
+    live_ttft_ms_by_phase: dict[str, Dist] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     batch_share_of_spare: float | None = None
-    ttft_p99_vs_live_only: float | None = None
+    ttft_p99_vs_reference: float | None = None
+    """Live TTFT p99 ÷ the same repetition's reference row's (`live-gw` if run, else `live`)."""
+
+    @property
+    def wasted_share(self) -> float | None:
+        """Wasted batch tokens ÷ batch tokens generated in the window."""
+        return self.batch_aborted_tokens / self.batch_tokens if self.batch_tokens else None
 
 
-def dist_ms(seconds: list[float]) -> dict[str, float | None]:
+def dist_ms(seconds: list[float]) -> Dist:
     ms = [s * 1000 for s in seconds]
-    return {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "mean": _mean(ms)}
+    return {
+        "p50": percentile(ms, 50),
+        "p95": percentile(ms, 95),
+        "p99": percentile(ms, 99),
+        "mean": _mean(ms),
+    }
 
 
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def median(values: list[float | None]) -> float | None:
+    """The median of the values that exist (None when none does)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+@dataclass
+class ModeSummary:
+    """One row of the table: a mode's medians over its runs."""
+
+    name: str
+    runs: int
+    live_ttft_ms: Dist
+    """Median over the runs of each run's p50, p95 and p99."""
+    ttft_p99_vs_reference: float | None
+    batch_tokens_per_s: float | None
+    batch_share_of_spare: float | None
+    wasted_share: float | None
+    live_errors: int
+    """Summed over the runs."""
+
+
+def summarize(results: list[ModeResult]) -> list[ModeSummary]:
+    """Per mode (in the order first run), the median of each figure over its runs."""
+    by_name: dict[str, list[ModeResult]] = {}
+    for r in results:
+        by_name.setdefault(r.name, []).append(r)
+    return [
+        ModeSummary(
+            name=name,
+            runs=len(runs),
+            live_ttft_ms={
+                q: median([r.live_ttft_ms[q] for r in runs]) for q in ("p50", "p95", "p99")
+            },
+            ttft_p99_vs_reference=median([r.ttft_p99_vs_reference for r in runs]),
+            batch_tokens_per_s=median([r.batch_tokens_per_s for r in runs]),
+            batch_share_of_spare=median([r.batch_share_of_spare for r in runs]),
+            wasted_share=median([r.wasted_share for r in runs]),
+            live_errors=sum(r.live_errors for r in runs),
+        )
+        for name, runs in by_name.items()
+    ]
+
+
+def reference_name(results: list[ModeResult]) -> str:
+    """The live-only row spare capacity and the ratio are read against: `live-gw` if it ran,
+    else `live`, else the first live-only row."""
+    names = {r.name for r in results}
+    for name in (LIVE_GW, LIVE):
+        if name in names:
+            return name
+    return next(r.name for r in results if r.kind == "live_only")
+
+
+def compare(results: list[ModeResult], capacity_tokens_per_s: float) -> dict[int, float]:
+    """Fill in each run's share of spare and p99 ratio against its repetition's reference run;
+    returns the spare capacity per repetition."""
+    ref_name = reference_name(results)
+    refs = {r.rep: r for r in results if r.name == ref_name}
+    spare: dict[int, float] = {}
+    for r in results:
+        ref = refs[r.rep]
+        spare[r.rep] = capacity_tokens_per_s - ref.live_tokens_per_s
+        s = spare[r.rep]
+        r.batch_share_of_spare = r.batch_tokens_per_s / s if s > 0 else None
+        p99, ref_p99 = r.live_ttft_ms["p99"], ref.live_ttft_ms["p99"]
+        r.ttft_p99_vs_reference = p99 / ref_p99 if p99 and ref_p99 else None
+    return spare
 
 
 @dataclass
@@ -366,7 +315,7 @@ class Bench:
     sim: SimServer
     stack: Any = None
     batch_lines: int = 600
-    schedule: list[Arrival] = field(default_factory=list)
+    live: InFlight = field(default_factory=InFlight)
 
     def load_for(self, mode: Mode) -> BatchLoad:
         """The hook: each mode kind builds its batch load here."""
@@ -375,6 +324,9 @@ class Bench:
         if mode.kind == "naive":
             assert mode.concurrency
             return NaiveClient(self.sim, self.workload, mode.concurrency)
+        if mode.kind == "ideal":
+            assert mode.keep_free is not None
+            return IdealClient(self.sim, self.workload, mode.keep_free, self.live)
         if self.stack is None:
             raise RuntimeError("backfill modes need the stack (started when one is requested)")
         assert mode.settings is not None
@@ -392,28 +344,30 @@ class Bench:
         assert self.sim.app.engine is not None
         return self.sim.app.engine
 
-    async def run_mode(self, mode: Mode) -> ModeResult:
-        log(f"mode {mode.name}: starting its batch load")
+    async def run_mode(self, mode: Mode, rep: int, seed: int) -> ModeResult:
+        w = replace(self.workload, seed=seed)
+        schedule = w.schedule()
+        log(f"rep {rep} mode {mode.name}: starting its batch load")
         load = self.load_for(mode)
         await load.start()
-        engine, w = self.engine, self.workload
+        engine = self.engine
         base_url, headers = self.live_target(mode)
         engine.log.reset()
         engine.peak_waiting = engine.waiting
-        log(
-            f"mode {mode.name}: replaying {len(self.schedule)} live requests over {w.window_s:.0f}s"
-        )
+        log(f"rep {rep} mode {mode.name}: {len(schedule)} live requests over {w.window_s:.0f}s")
         window: dict[str, float] = {}
 
         async def snapshot() -> None:
             await asyncio.sleep(w.window_s)
             window["live"] = engine.log.live.generated_tokens
             window["batch"] = engine.log.batch.generated_tokens
+            window["batch_aborted"] = engine.log.batch.aborted
+            window["batch_aborted_tokens"] = engine.log.batch.aborted_tokens
             window["seconds"] = time.monotonic() - engine.log.since
 
         snap = asyncio.create_task(snapshot())
         try:
-            outcomes = await replay(self.schedule, base_url, headers)
+            outcomes = await replay(schedule, base_url, headers, self.live)
             await snap
         finally:
             snap.cancel()
@@ -421,19 +375,17 @@ class Bench:
             peak_waiting = engine.peak_waiting
             extra = await load.stop()
         ok = [o for o in outcomes if o.error is None]
-        by_phase = {
-            busy: [
-                o.ttft_s
-                for a, o in zip(self.schedule, outcomes, strict=True)
-                if a.busy == busy and o.ttft_s is not None
-            ]
-            for busy in (False, True)
-        }
+        phases: dict[str, list[float]] = {}
+        for a, o in zip(schedule, outcomes, strict=True):
+            if o.ttft_s is not None:
+                phases.setdefault(a.phase, []).append(o.ttft_s)
         live_recs = [r for r in records if r.traffic == "live"]
         batch_recs = [r for r in records if r.traffic == "batch"]
         result = ModeResult(
             name=mode.name,
             kind=mode.kind,
+            rep=rep,
+            seed=seed,
             window_s=window["seconds"],
             live_sent=len(outcomes),
             live_errors=len(outcomes) - len(ok),
@@ -443,12 +395,14 @@ class Bench:
             sim_batch_e2e_ms=dist_ms([r.e2e_s for r in batch_recs]),
             live_tokens_per_s=window["live"] / window["seconds"],
             batch_tokens_per_s=window["batch"] / window["seconds"],
+            batch_tokens=int(window["batch"]),
+            batch_aborted=int(window["batch_aborted"]),
+            batch_aborted_tokens=int(window["batch_aborted_tokens"]),
             peak_waiting=peak_waiting,
-            live_ttft_ms_quiet=dist_ms(by_phase[False]),
-            live_ttft_ms_busy=dist_ms(by_phase[True]),
+            live_ttft_ms_by_phase={p: dist_ms(v) for p, v in phases.items()},
             extra=extra,
         )
-        log(f"mode {mode.name}: {json.dumps(asdict(result))}")
+        log(f"rep {rep} mode {mode.name}: {json.dumps(asdict(result))}")
         return result
 
     async def measure_capacity(self, seconds: float, warmup: float = 5.0) -> dict[str, Any]:
@@ -482,12 +436,13 @@ class Bench:
 
 @contextlib.asynccontextmanager
 async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Bench]:
-    """The simulator, and (for backfill modes) the real stack with it as the route upstream."""
+    """The simulator, and (for backfill modes) the real stack with it as the route upstream and
+    preemptive yield's direct channel (api → worker) on."""
     if not need_stack:
         async with SimServer(workload.sim_config()) as sim:
             yield Bench(workload, sim)
         return
-    from backfill.dev.procs import free_port
+    from backfill.dev.procs import backfill_argv, free_port
     from bench.common import dev_server
     from tests.e2e.stack import Stack
 
@@ -506,37 +461,61 @@ async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Ben
             stack.sim = SimServer(workload.sim_config(), port=free_port())
             stack.route_sims = {route: stack.sim for route in stack.routes}
             stack.extra_env["GATEWAY_LOCAL_UPSTREAMS"] = stack.sim.base_url
-            async with stack.running():
+            stack.extra_env["BACKFILL_PREEMPT_TOKEN"] = secrets.token_hex(16)
+            try:
+                await stack.sim.start()
+                stack.write_config()
+                stack.start_worker()
+                port = stack.worker_metrics_ports[0]
+                stack.extra_env["BACKFILL_PREEMPT_WORKER_URLS"] = f"http://127.0.0.1:{port}"
+                stack.api.start(backfill_argv("api"), stack.env(), stack.tmp / "api.log")
+                await stack.wait_healthy()
                 yield Bench(workload, stack.sim, stack=stack)
+            finally:
+                await stack.stop()
 
 
-def table(capacity: dict[str, Any], spare: float | None, rows: list[ModeResult]) -> str:
+def table(
+    workload: Workload,
+    capacity: dict[str, Any],
+    spare: float | None,
+    reference: str,
+    rows: list[ModeSummary],
+) -> str:
     def f(v: float | None, fmt: str = "{:.0f}") -> str:
         return "—" if v is None else fmt.format(v)
 
-    spare_text = f(spare, "{:.1f}")
+    def pct(v: float | None) -> str:
+        return f(None if v is None else 100 * v, "{:.0f} %")
+
     head = (
-        f"capacity {capacity['tokens_per_s']:.1f} tok/s (saturation; modelled decode "
-        f"{capacity['modelled_decode_tokens_per_s']:.1f}), spare {spare_text} tok/s\n"
+        f"trace {workload.trace}, {workload.duration_s:.0f} s per run; capacity "
+        f"{capacity['tokens_per_s']:.1f} tok/s (saturation; modelled decode "
+        f"{capacity['modelled_decode_tokens_per_s']:.1f}), spare {f(spare, '{:.1f}')} tok/s "
+        "(median over the repetitions); medians over each mode's runs\n"
     )
     cols = (
-        "| mode | live TTFT p50 ms | live TTFT p99 ms | p99 vs live only | p99 quiet / busy ms "
-        "| sim live TTFT p99 ms "
-        "| live tok/s | batch tok/s | batch share of spare | peak waiting |"
+        "| mode | runs | live TTFT p50 ms | p95 ms | p99 ms | p99 vs "
+        f"{reference} | batch tok/s | batch share of spare | wasted (% of batch tokens) "
+        "| live errors |"
     )
     lines = [head, cols, "|" + "---|" * 10]
     for r in rows:
-        share = None if r.batch_share_of_spare is None else 100 * r.batch_share_of_spare
+        ttft = r.live_ttft_ms
         lines.append(
-            f"| {r.name} | {f(r.live_ttft_ms['p50'])} | {f(r.live_ttft_ms['p99'])} "
-            f"| {f(r.ttft_p99_vs_live_only, '{:.2f}×')} "
-            f"| {f(r.live_ttft_ms_quiet['p99'])} / {f(r.live_ttft_ms_busy['p99'])} "
-            f"| {f(r.sim_live_ttft_ms['p99'])} "
-            f"| {r.live_tokens_per_s:.1f} | {r.batch_tokens_per_s:.1f} "
-            f"| {f(share, '{:.0f} %')} "
-            f"| {r.peak_waiting} |"
+            f"| {r.name} | {r.runs} | {f(ttft['p50'])} | {f(ttft['p95'])} | {f(ttft['p99'])} "
+            f"| {f(r.ttft_p99_vs_reference, '{:.2f}×')} | {f(r.batch_tokens_per_s, '{:.1f}')} "
+            f"| {pct(r.batch_share_of_spare)} | {pct(r.wasted_share)} | {r.live_errors} |"
         )
     return "\n".join(lines)
+
+
+def modes_from(args: argparse.Namespace) -> list[Mode]:
+    modes = [Mode.parse(s) for s in args.modes.split(",") if s]
+    modes += [Mode(**json.loads(m)) for m in args.mode_json]
+    if not any(m.kind == "live_only" for m in modes):
+        modes.insert(0, Mode.parse("live"))  # the reference every share and ratio needs
+    return modes
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -544,63 +523,67 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         max_num_seqs=args.max_num_seqs,
         step_base_ms=args.step_base_ms,
         step_per_seq_ms=args.step_per_seq_ms,
-        quiet_s=args.quiet_s,
-        busy_s=args.busy_s,
+        trace=args.trace,
+        duration_s=args.duration,
         cycles=args.cycles,
         busy_fill=args.busy_fill,
         quiet_fill=args.quiet_fill,
         seed=args.seed,
     )
-    modes = [Mode.parse(s) for s in args.modes.split(",") if s]
-    modes += [Mode(**json.loads(m)) for m in args.mode_json]
-    if not any(m.kind == "live_only" and not m.via_gateway for m in modes):
-        modes.insert(0, Mode.parse("live"))  # the reference every share and ratio needs
+    modes = modes_from(args)
     need_stack = any(m.kind == "backfill" or m.via_gateway for m in modes)
+    segments = [asdict(s) for s in w.segments()]
+    log(f"workload: trace {w.trace}, {w.duration_s:.0f}s, segments {segments}")
     async with environment(w, need_stack) as bench:
-        bench.schedule = w.schedule()
         bench.batch_lines = args.batch_lines
-        log(
-            f"workload: {len(bench.schedule)} live requests over {w.window_s:.0f}s; rates "
-            f"{w.live_rate(w.quiet_fill):.2f}/s quiet, {w.live_rate(w.busy_fill):.2f}/s busy"
-        )
         capacity = await bench.measure_capacity(args.capacity_s)
         log(f"capacity: {capacity}")
-        rows = [await bench.run_mode(m) for m in modes]
-    ref = next(r for r in rows if r.kind == "live_only" and r.name == "live only")
-    spare = capacity["tokens_per_s"] - ref.live_tokens_per_s
-    for r in rows:
-        r.batch_share_of_spare = r.batch_tokens_per_s / spare if spare > 0 else None
-        p99, ref_p99 = r.live_ttft_ms["p99"], ref.live_ttft_ms["p99"]
-        r.ttft_p99_vs_live_only = p99 / ref_p99 if p99 and ref_p99 else None
+        results = [
+            await bench.run_mode(m, rep, args.seed + rep) for rep in range(args.reps) for m in modes
+        ]
+    spare = compare(results, capacity["tokens_per_s"])
+    summary = summarize(results)
+    reference = reference_name(results)
+    spare_median = median(list(spare.values()))
     return {
         "command": " ".join(sys.argv),
         "workload": asdict(w),
+        "segments": segments,
         "capacity": capacity,
+        "reference": reference,
         "spare_tokens_per_s": spare,
-        "modes": [asdict(r) for r in rows],
-        "table": table(capacity, spare, rows),
+        "summary": [asdict(s) for s in summary],
+        "runs": [{**asdict(r), "wasted_share": r.wasted_share} for r in results],
+        "table": table(w, capacity, spare_median, reference, summary),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     d = Workload()
-    p.add_argument("--modes", default="live,naive:16,naive:4", help="comma-separated (see above)")
+    p.add_argument(
+        "--modes",
+        default="live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt",
+        help="comma-separated (see above)",
+    )
     p.add_argument("--mode-json", action="append", default=[], help="a Mode as JSON (repeatable)")
+    p.add_argument("--trace", choices=TRACES, default=d.trace)
+    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds per run")
+    p.add_argument("--reps", type=int, default=3, help="runs of each mode (seed, seed+1, ...)")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     p.add_argument("--step-base-ms", type=float, default=d.step_base_ms)
     p.add_argument("--step-per-seq-ms", type=float, default=d.step_per_seq_ms)
-    p.add_argument("--quiet-s", type=float, default=d.quiet_s)
-    p.add_argument("--busy-s", type=float, default=d.busy_s)
-    p.add_argument("--cycles", type=int, default=d.cycles)
+    p.add_argument("--cycles", type=int, default=d.cycles, help="bursty: quiet/busy cycles")
     p.add_argument("--busy-fill", type=float, default=d.busy_fill)
     p.add_argument("--quiet-fill", type=float, default=d.quiet_fill)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="the first repetition's seed")
     p.add_argument("--capacity-s", type=float, default=20.0)
     p.add_argument("--batch-lines", type=int, default=600, help="lines per backfill batch")
     p.add_argument("--out", type=Path, help="write the result as JSON here")
-    p.add_argument("--timeout", type=float, default=3600, help="whole run, seconds")
+    p.add_argument("--timeout", type=float, default=4 * 3600, help="whole run, seconds")
     args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
     clear_settings_env()
 
     async def guarded() -> dict[str, Any]:

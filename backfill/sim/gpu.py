@@ -78,6 +78,10 @@ class GpuSequence:
     aborted_at: float | None = None
     """When its client left (monotonic), if it did before its last token."""
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    counted_in: ClassCounters | None = field(default=None, repr=False)
+    """The counters its latest tokens were counted in (a log's reset makes new ones)."""
+    counted: int = 0
+    """Its tokens counted in ``counted_in``."""
 
     @property
     def held_tokens(self) -> int:
@@ -122,6 +126,9 @@ class ClassCounters:
     """Tokens generated for this class, counted at each step (aborted requests' too)."""
     finished: int = 0
     aborted: int = 0
+    aborted_tokens: int = 0
+    """Of ``generated_tokens``, those of requests aborted since: work thrown away when their
+    client left (tokens an aborted request had before the last reset are not counted)."""
     aborted_at: list[float] = field(default_factory=list)
     """When each aborted request's client left (monotonic: comparable across processes of one
     host), so a benchmark can time how fast a seat is taken back."""
@@ -153,6 +160,7 @@ class LatencyLog:
                 "finished": c.finished,
                 "aborted": c.aborted,
                 "aborted_at": list(c.aborted_at),
+                "aborted_tokens": c.aborted_tokens,
                 "generated_tokens": c.generated_tokens,
                 "completion_tokens": sum(r.completion_tokens for r in recs),
                 "prompt_tokens": sum(r.prompt_tokens for r in recs),
@@ -249,6 +257,8 @@ class GpuEngine:
         seq.aborted_at = time.monotonic()
         counters = self.log.counters(seq.traffic)
         counters.aborted += 1
+        if seq.counted_in is counters:
+            counters.aborted_tokens += seq.counted
         counters.aborted_at.append(seq.aborted_at)
         if seq in self._running:
             self._running.remove(seq)
@@ -312,7 +322,11 @@ class GpuEngine:
         for seq in list(self._running):
             if seq.max_new > 0:
                 seq.generated += 1
-                self.log.counters(seq.traffic).generated_tokens += 1
+                counters = self.log.counters(seq.traffic)
+                counters.generated_tokens += 1
+                if seq.counted_in is not counters:
+                    seq.counted_in, seq.counted = counters, 0
+                seq.counted += 1
                 seq.tokens.put_nowait(1)
             if seq.first_token_at is None:
                 seq.first_token_at = now

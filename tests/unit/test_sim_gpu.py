@@ -191,6 +191,42 @@ async def test_step_time_grows_with_the_running_batch() -> None:
     assert min(r.e2e_s for r in records[1:]) >= 0.75
 
 
+async def test_aborted_requests_count_the_tokens_they_had_generated() -> None:
+    """What a preempted batch request wastes: the tokens it had when its client left, per class;
+    a request that finishes wastes nothing."""
+    engine = GpuEngine(GpuConfig(step_base_ms=5, step_per_seq_ms=0), 4, use_priority=False)
+    batch = GpuSequence(prompt_tokens=4, max_new=10_000, traffic="batch")
+    done = GpuSequence(prompt_tokens=4, max_new=3, traffic="batch")
+    live = GpuSequence(prompt_tokens=4, max_new=10_000)
+    for seq in (batch, done, live):
+        engine.submit(seq)
+    for _ in range(5):
+        await batch.tokens.get()
+    engine.abort(batch)
+    engine.abort(live)
+    assert engine.log.batch.aborted_tokens == batch.generated >= 5
+    assert engine.log.live.aborted_tokens == live.generated >= 5
+    while await done.tokens.get() is not FINISHED:
+        pass
+    engine.abort(done)  # finished already: a no-op
+    assert engine.log.batch.aborted_tokens == batch.generated
+    assert engine.log.batch.generated_tokens == batch.generated + 3
+    assert engine.log.summary()["batch"]["aborted_tokens"] == batch.generated
+    # Across a reset, only the tokens generated since count (a measurement window's waste).
+    long = GpuSequence(prompt_tokens=4, max_new=10_000, traffic="batch")
+    engine.submit(long)
+    for _ in range(3):
+        await long.tokens.get()
+    engine.log.reset()
+    while engine.log.batch.generated_tokens < 2:
+        await long.tokens.get()
+    engine.abort(long)
+    assert long.generated >= 5
+    assert engine.log.batch.aborted_tokens == engine.log.batch.generated_tokens >= 2
+    assert engine.log.batch.aborted_tokens <= long.generated - 3
+    await engine.stop()
+
+
 async def test_step_time_over_http(client_for: Callable[[SimServer], httpx.AsyncClient]) -> None:
     gpu = GpuConfig(step_base_ms=5, step_per_seq_ms=20, prefill_per_token_ms=0)
     async with gpu_sim(gpu, max_num_seqs=8) as sim:
@@ -321,6 +357,7 @@ async def test_client_leaving_mid_stream_frees_its_seat_and_cache(
         lat = await latencies(c)
         assert (lat["live"]["aborted"], lat["live"]["finished"]) == (1, 0)
         assert 1 <= lat["live"]["generated_tokens"] < 10_000
+        assert lat["live"]["aborted_tokens"] == lat["live"]["generated_tokens"]
 
 
 async def test_latencies_endpoint_needs_gpu_mode() -> None:
@@ -381,6 +418,8 @@ async def test_batch_client_leaving_before_the_answer_gives_its_seat_to_a_waitin
         lat = await latencies(c)
         assert (lat["batch"]["aborted"], lat["batch"]["finished"]) == (1, 0)
         assert lat["batch"]["generated_tokens"] < 10_000
+        assert lat["batch"]["aborted_tokens"] == lat["batch"]["generated_tokens"]
+        assert lat["live"]["aborted_tokens"] == 0 and lat["live"]["generated_tokens"] == 2
         [aborted_at] = lat["batch"]["aborted_at"]
         assert left <= aborted_at < left + 1.0
         # Admitted at the first step after the abort, not after the batch line's 500 s.
