@@ -8,7 +8,6 @@ import asyncio
 import time
 
 import httpx
-import pytest
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
@@ -26,8 +25,6 @@ from tests.e2e.stack import (
 from tests.polling import poll_until
 from tests.workflows.events import activity_names
 from workflows.batch import BatchInput, BatchWorkflow
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 ALPHA, BETA, ADMIN, AUDITOR = "sk-test-alpha", "sk-test-beta", "sk-test-admin", "sk-test-auditor"
 

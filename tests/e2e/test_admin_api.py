@@ -6,12 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_terminal
 from tests.polling import poll_until
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 ADMIN, AUDITOR = "sk-test-admin", "sk-test-auditor"
 

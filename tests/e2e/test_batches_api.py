@@ -19,8 +19,6 @@ from openai.types import Batch as SDKBatch
 from tests.e2e.stack import Stack, assert_error, auth, jsonl, wait_terminal
 from tests.polling import poll_until
 
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-
 ALPHA, BETA, GAMMA = "sk-test-alpha", "sk-test-beta", "sk-test-gamma"
 ENDPOINT = "/v1/chat/completions"
 TINY_LINE = (
@@ -183,6 +181,7 @@ async def test_create_with_unknown_or_foreign_file_is_404(
     assert (await stack.client(BETA).batches.list()).data == []
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_create_from_batch_output_file_is_400(
     stack: Stack, http: httpx.AsyncClient, finished: SDKBatch
 ) -> None:
@@ -366,6 +365,7 @@ async def test_list_newest_first_pages_past_100(stack: Stack, http: httpx.AsyncC
 # ---- validation failures, end to end -----------------------------------------------------------
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_invalid_inputs_fail_the_batch_and_send_nothing(stack: Stack) -> None:
     client = stack.client(ALPHA)
     many = ("\n".join(TINY_LINE.format(i=i) for i in range(50_001)) + "\n").encode()

@@ -8,8 +8,6 @@ import pytest
 
 from tests.e2e.chaos import run_chaos
 
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-
 
 @pytest.mark.timeout(1200)
 async def test_batch_survives_worker_kills_and_restarts(tmp_path: Path) -> None:

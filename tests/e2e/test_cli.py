@@ -128,7 +128,7 @@ async def test_submit_wait_shows_progress_through_a_pause_and_saves_the_files(
     make_stack: MakeStack, tmp_path: Path, tty: bool
 ) -> None:
     stack = await make_stack(cap=32, sim=SimConfig(model_names=[], latency_ms=10))
-    n = 2000
+    n = 600
     source = tmp_path / "requests.jsonl"
     source.write_bytes(jsonl(n, prefix="cli"))
     run = Cli(stack, ["submit", str(source), "--wait", "--interval", "0.5"], tmp_path, tty=tty)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import pytest_asyncio
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus
@@ -22,8 +21,6 @@ from backfill.lifecycle import SUMMARY_MEMO
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, auth, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 import pytest_asyncio
 
 from backfill.dev.devserver import temporal_cli_path
@@ -24,8 +23,6 @@ from tests.e2e.stack import (
     wait_terminal,
 )
 from tests.polling import poll_until
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 AUTH = {"Authorization": "Bearer sk-test-alpha"}
 LATENCY_MS = 150

@@ -13,7 +13,6 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import pytest
 import pytest_asyncio
 from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, given, settings
@@ -23,8 +22,6 @@ from api.app import create_app
 from backfill.config import Settings
 from backfill.sim import SimConfig
 from tests.e2e.stack import KEYS, Stack, jsonl, submit
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 EXAMPLES = 150
 

@@ -10,14 +10,11 @@ from typing import Any
 
 import httpx
 import openai.types.chat
-import pytest
 import pytest_asyncio
 
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, assert_error, auth
 from tests.polling import poll_until
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 ALPHA, BETA, ADMIN = "sk-test-alpha", "sk-test-beta", "sk-test-admin"
 JOBS = "/gateway/v1/batches"

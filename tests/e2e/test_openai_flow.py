@@ -10,8 +10,6 @@ from openai.types.chat import ChatCompletion
 
 from tests.e2e.stack import Stack, input_ids, jsonl, watch_until_terminal
 
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-
 
 async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
     client = stack.client()
@@ -65,6 +63,7 @@ async def test_thousand_line_batch_completes_exactly_once(stack: Stack) -> None:
     assert 1 < stats["batch"]["peak_concurrent"] <= stack.cap, stats["batch"]
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_a_responses_batch_gives_sdk_response_records(stack: Stack) -> None:
     """A batch on `/v1/responses` (added through the endpoint registry): lines validated with
     `input`, records that parse as the SDK's `Response`, usage from its `input_tokens` and

@@ -7,12 +7,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, assert_error, auth
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 
 async def test_an_oversized_json_body_is_refused_before_authentication(stack: Stack) -> None:

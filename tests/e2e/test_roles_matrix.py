@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from botocore.exceptions import ClientError
 
 from tests.e2e.stack import Stack, auth, jsonl
 from tests.polling import poll_until
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 OWNER, FOREIGN, ADMIN, AUDITOR = "sk-test-alpha", "sk-test-beta", "sk-test-admin", "sk-test-auditor"
 NOBODY = "sk-test-nobody"

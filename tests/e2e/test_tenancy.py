@@ -20,8 +20,6 @@ from tests.e2e.test_roles_matrix import SCHEDULING, closed_window
 from tests.e2e.test_scheduler import wait_scheduler
 from tests.polling import poll_until
 
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-
 LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta", "sk-test-admin"
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -216,6 +214,7 @@ async def test_parallel_creates_admit_exactly_the_limit(make_stack: MakeStack) -
         assert [b["id"] for b in listed.json()["data"]] == made
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_pinned_input_counts_towards_stored_bytes(make_stack: MakeStack) -> None:
     """Upload, create a batch, delete the file: the batch's pinned copy stays stored, so the
     bytes still count and the next upload that would pass the limit with them is refused."""

@@ -6,13 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 
 from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import input_ids, output_ids, submit, watch_until_terminal
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 
 async def test_each_route_runs_its_own_lines_under_its_own_cap(make_stack: MakeStack) -> None:

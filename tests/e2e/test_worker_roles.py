@@ -5,7 +5,6 @@ worker alone runs the batch's workflow but sends no line."""
 from __future__ import annotations
 
 import httpx
-import pytest
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client
 
@@ -14,8 +13,6 @@ from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import input_ids, output_ids, submit, wait_terminal
 from tests.e2e.test_metrics import scrape, value, worker_url
 from tests.polling import poll_until
-
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 LINES = 30
 
