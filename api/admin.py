@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, InvalidRequest, NotFound
-from api.history_view import QUICK_QUERY, started_input_and_updates
+from api.history_view import quick_query, started_input_and_updates
 from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
@@ -112,7 +112,7 @@ async def _route_lines(client: Client, route_id: str, status: SchedulerStatus) -
     async def one(entry: BatchStatusEntry) -> RouteLines:
         handle = client.get_workflow_handle_for(refs.BatchWorkflow.run, entry.batch_id)
         try:
-            batch = await handle.query(refs.BatchWorkflow.describe, rpc_timeout=QUICK_QUERY)
+            batch = await quick_query(handle, refs.BatchWorkflow.describe)
         except Exception:
             return RouteLines(running=min(entry.allotment, entry.held))
         return route_lines(batch, route_id)
@@ -141,9 +141,7 @@ async def route_sample(
         RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
     )
     try:
-        status = await handle.query(
-            RouteSchedulerWorkflow.status, time.time(), rpc_timeout=QUICK_QUERY
-        )
+        status = await quick_query(handle, RouteSchedulerWorkflow.status, time.time())
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
@@ -167,9 +165,7 @@ async def get_batch_scheduling(
     )
     stale = False
     try:
-        status = await handle.query(
-            RouteSchedulerWorkflow.status, time.time(), rpc_timeout=QUICK_QUERY
-        )
+        status = await quick_query(handle, RouteSchedulerWorkflow.status, time.time())
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             log.warning("route %s settings from Temporal's record (%s)", route_id, err)

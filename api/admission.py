@@ -16,7 +16,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.errors import TemporalUnavailable, TooManyRequests
-from api.history_view import QUICK_QUERY
+from api.history_view import quick_query
 from backfill import search_attributes as sa
 from backfill.admission import (
     AdmissionInput,
@@ -91,7 +91,7 @@ async def held(client: Client, workspace: str) -> list[Reservation]:
     worker answers again (docs/configuration.md)."""
     handle = client.get_workflow_handle_for(AdmissionWorkflow.run, admission_workflow_id(workspace))
     try:
-        view = await handle.query(AdmissionWorkflow.holdings, rpc_timeout=QUICK_QUERY)
+        view = await quick_query(handle, AdmissionWorkflow.holdings)
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             log.warning(

@@ -24,7 +24,7 @@ from api import admission, audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound
 from api.eta import fill_eta
-from api.history_view import QUICK_QUERY, started_input
+from api.history_view import quick_query, started_input
 from api.retries import retries_of, retry_link
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
@@ -339,7 +339,7 @@ async def _load(
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         return await handle.result()
     try:
-        batch = await handle.query(BatchWorkflow.describe, rpc_timeout=QUICK_QUERY)
+        batch = await quick_query(handle, BatchWorkflow.describe)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise
