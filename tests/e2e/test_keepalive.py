@@ -26,7 +26,7 @@ from backfill.sim import SimConfig
 from backfill.sim.faults import SimFault
 from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
 
-LINES = 400
+LINES = 240
 IDLE_CLOSE_S = 1.0
 BUSY_TURN_S = 0.005
 

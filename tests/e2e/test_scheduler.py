@@ -225,9 +225,9 @@ async def test_terminated_batch_slots_are_reclaimed(
 async def test_scheduler_history_stays_small(two_workers: Stack, temporal_client: Client) -> None:
     stack = two_workers
     stack.sim.app.config.latency_ms = 0
-    batch_id = await submit(stack, 2000, prefix="hist")
+    batch_id = await submit(stack, 1000, prefix="hist")
     batch = await wait_terminal(stack.client(), batch_id, within=300)
-    assert batch.status == "completed" and batch.request_counts.completed == 2000
+    assert batch.status == "completed" and batch.request_counts.completed == 1000
     handle = temporal_client.get_workflow_handle(scheduler_workflow_id(stack.route_id))
     desc = await handle.describe()
     # Lines completing add nothing to the scheduler's history: only arrivals, demand changes,
