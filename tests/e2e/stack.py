@@ -290,8 +290,10 @@ class Stack:
             if any(w.running for w in self.workers):
                 await self.end_batches()
         finally:
-            for child in [self.api, *self.workers]:
-                await asyncio.to_thread(child.stop)
+            # Together: each waits for its own process to exit (SIGTERM, then SIGKILL).
+            await asyncio.gather(
+                *(asyncio.to_thread(child.stop) for child in [self.api, *self.workers])
+            )
             for sim in self.sims:
                 await sim.stop()
 

@@ -22,8 +22,6 @@ from openai.types import FileDeleted, FileObject
 from tests.e2e.stack import Stack, assert_error, auth, jsonl
 from tests.polling import poll_until
 
-pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-
 ALPHA, BETA, GAMMA, ADMIN = "sk-test-alpha", "sk-test-beta", "sk-test-gamma", "sk-test-admin"
 MiB = 1024 * 1024
 DEFAULT_CAP = 200 * MiB
@@ -67,6 +65,7 @@ async def upload(client: openai.AsyncOpenAI, data: bytes, name: str = "in.jsonl"
 # ---- upload, retrieve, content ------------------------------------------------------------------
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_upload_with_sdk_returns_file_object_and_content_is_byte_identical(
     stack: Stack,
 ) -> None:
@@ -130,6 +129,7 @@ async def test_retrieve_unknown_file_is_404(http: httpx.AsyncClient) -> None:
 # ---- list --------------------------------------------------------------------------------------
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_list_paging_order_and_purpose_filter(stack: Stack, http: httpx.AsyncClient) -> None:
     # Workspace gamma is used only by this test, so its listing is exactly these files.
     client = stack.client(GAMMA)
@@ -220,6 +220,7 @@ async def test_list_bad_parameters_are_400(http: httpx.AsyncClient) -> None:
 # ---- delete ------------------------------------------------------------------------------------
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_delete_then_404(stack: Stack, http: httpx.AsyncClient) -> None:
     client = stack.client(ALPHA)
     f = await upload(client, jsonl(2))
@@ -298,6 +299,7 @@ async def test_non_multipart_body_is_400(stack: Stack, http: httpx.AsyncClient) 
     assert stored_names(stack) == before
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_two_file_parts_are_refused_not_concatenated(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
@@ -315,6 +317,7 @@ async def test_two_file_parts_are_refused_not_concatenated(
     assert stored_names(stack) == before
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_client_disconnect_mid_upload_leaves_no_temp_file(stack: Stack) -> None:
     boundary = "dropboundary42"
     head = (
@@ -369,6 +372,7 @@ async def test_client_disconnect_mid_upload_leaves_no_temp_file(stack: Stack) ->
 # ---- size cap ----------------------------------------------------------------------------------
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_cap_boundary_exact_size_accepted_one_more_byte_refused(small_stack: Stack) -> None:
     client = small_stack.client(ALPHA)
     exact = b"x" * 1_000_000
@@ -399,6 +403,7 @@ def _peak_rss_bytes(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_201_mib_upload_is_refused_while_streaming_and_leaves_nothing(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
@@ -495,6 +500,7 @@ async def test_missing_or_bad_api_key_is_401(stack: Stack, http: httpx.AsyncClie
     assert (await stack.client(ALPHA).files.retrieve(f.id)).id == f.id
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_another_workspaces_file_is_404_and_not_listed(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
@@ -553,6 +559,7 @@ async def test_healthz_and_metrics(http: httpx.AsyncClient) -> None:
     assert "# TYPE " in resp.text and "# HELP " in resp.text
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_a_large_file_uploads_and_downloads_streamed(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
