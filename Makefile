@@ -65,7 +65,7 @@ chromium:
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
 # A run that collected no test fails (pytest exits 5): a green run must have tested something.
 # Then the e2e tests marked `store` (the ones whose outcome the file store decides: files,
-# batch input and output, crash commits, retention, stored bytes) run again on the S3 store against moto's server,
+# batch input and output, retention, stored bytes) run again on the S3 store against moto's server,
 # after the main run, not alongside it (two runs at once pushed 2 cores into flaky timing).
 # `make test-s3` runs the whole e2e suite on S3 (BACKFILL_TEST_STORE=s3).
 test: lint promtool chromium
