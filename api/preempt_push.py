@@ -6,8 +6,9 @@ takes hundreds of milliseconds or more (docs/decisions/0023). So each api proces
 route's live count to every worker's HTTP server (`BACKFILL_PREEMPT_WORKER_URLS`, bearer
 `BACKFILL_PREEMPT_TOKEN`) at every change, and once a second as a keep-alive (a worker forgets a
 count not renewed in 5 s). Which routes have it on, and their seats, come from the scheduler's
-`live_gate` query (no history), re-read every `POLICY_TTL` seconds. Temporal or a worker being
-down never affects live traffic: failures are logged and the next change or tick tries again.
+`live_gate` query (no history), re-read every `POLICY_TTL` seconds by a task of its own, so a
+live arrival's report never waits behind a Temporal query. Temporal or a worker being down never
+affects live traffic: failures are logged and the next change or tick tries again.
 """
 
 from __future__ import annotations
@@ -45,18 +46,19 @@ class PreemptSender:
         worker_urls: list[str],
         token: str,
         process: str,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.live = live
         self.link = link
         self.routes = routes
         self.urls = [u.rstrip("/") + "/preempt/live" for u in worker_urls]
         self.process = process
+        self._transport = transport
         self._headers = {"Authorization": f"Bearer {token}"}
         self._policies: dict[str, PreemptPolicy | None] = {}
-        self._policies_at = -1e9
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
         self._unsubscribe = live.subscribe(self._changed)
         self.sent = 0
@@ -67,15 +69,18 @@ class PreemptSender:
             self._wake.set()
 
     def start(self) -> None:
-        self._http = httpx.AsyncClient(trust_env=False, timeout=SEND_TIMEOUT)
-        self._task = asyncio.create_task(self._run())
+        self._http = httpx.AsyncClient(
+            trust_env=False, timeout=SEND_TIMEOUT, transport=self._transport
+        )
+        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._refresh())]
 
     async def stop(self) -> None:
         self._unsubscribe()
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         if self._http is not None:
             await self._http.aclose()
 
@@ -87,9 +92,6 @@ class PreemptSender:
                     await self._wake.wait()
             self._wake.clear()
             now = time.monotonic()
-            if now - self._policies_at >= POLICY_TTL:
-                await self._read_policies()
-                self._policies_at = now
             on = [r for r in self.routes if self._policies.get(r) is not None]
             if now - last_keepalive >= KEEPALIVE_SECONDS:
                 due, last_keepalive = set(on), now
@@ -105,6 +107,7 @@ class PreemptSender:
             process=self.process,
             live=self.live.count(route),
             policy=self._policies.get(route),
+            ttft_ms=self.live.recent_ttft_ms(route),
         )
         body = report.model_dump_json().encode()
         headers = {**self._headers, "Content-Type": "application/json"}
@@ -120,6 +123,18 @@ class PreemptSender:
 
         await asyncio.gather(*(one(u) for u in self.urls))
         self.sent += 1
+
+    async def _refresh(self) -> None:
+        """Read the routes' policies now and every `POLICY_TTL` seconds; a route that turns
+        preemption on is reported at once."""
+        while True:
+            before = {r for r in self.routes if self._policies.get(r) is not None}
+            await self._read_policies()
+            turned_on = {r for r in self.routes if self._policies.get(r) is not None} - before
+            if turned_on:
+                self._dirty |= turned_on
+                self._wake.set()
+            await asyncio.sleep(POLICY_TTL)
 
     async def _read_policies(self) -> None:
         for route in self.routes:

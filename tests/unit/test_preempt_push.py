@@ -1,0 +1,82 @@
+"""The api's sender of live counts (preemptive yield's direct channel): a live arrival is reported
+to the workers at once, even while the route's policy is being read again from a Temporal that
+does not answer (the read has a task of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+
+from api.live_traffic import LiveTraffic
+from api.preempt_push import PreemptSender
+from backfill.gates.preempt import PreemptPolicy
+
+POLICY = PreemptPolicy(batch_seats=6, max_preemptions=3)
+
+
+class Handle:
+    def __init__(self, link: SlowLink) -> None:
+        self.link = link
+
+    async def query(self, *_: Any) -> Any:
+        self.link.queries += 1
+        if self.link.queries > 1:
+            await asyncio.Event().wait()  # Temporal stops answering after the first read
+
+        class View:
+            preempt = POLICY
+
+        return View()
+
+
+class SlowLink:
+    """The route scheduler's `live_gate` query: answered once, then never again."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+
+    def client(self) -> SlowLink:
+        return self
+
+    def get_workflow_handle_for(self, *_: Any) -> Handle:
+        return Handle(self)
+
+
+async def test_a_live_arrival_is_sent_while_the_policy_read_hangs(monkeypatch: Any) -> None:
+    monkeypatch.setattr("api.preempt_push.POLICY_TTL", 0.0)  # re-read at once, and hang
+    reports: list[dict[str, Any]] = []
+    got = asyncio.Event()
+
+    async def worker(request: httpx.Request) -> httpx.Response:
+        reports.append(json.loads(request.content))
+        got.set()
+        return httpx.Response(204)
+
+    live = LiveTraffic(["r1"])
+    link = SlowLink()
+    sender = PreemptSender(
+        live,
+        link,
+        ["r1"],
+        ["http://worker"],
+        "t",
+        "api-1",  # type: ignore[arg-type]
+        transport=httpx.MockTransport(worker),
+    )
+    sender.start()
+    try:
+        async with asyncio.timeout(5):
+            while link.queries < 2 or not reports:  # the first report, and a read now hanging
+                await got.wait()
+                got.clear()
+        with live.in_flight("r1"):
+            async with asyncio.timeout(0.5):  # well inside the 1 s keep-alive
+                while not any(r["live"] == 1 for r in reports):
+                    await got.wait()
+                    got.clear()
+    finally:
+        await sender.stop()
+    assert reports[-1]["route"] == "r1" and reports[-1]["policy"]["batch_seats"] == 6
