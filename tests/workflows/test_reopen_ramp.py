@@ -6,20 +6,16 @@ allotments)."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.worker import Worker
 
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import Demand, LiveReport, RouteSettings, SchedulerInput
+from backfill.messages import LiveReport, RouteSettings
 from backfill.reasons import WaitReason
 from tests.polling import poll_until
 from tests.workflows.events import patch_marker, signaled
-from tests.workflows.seat_batch import SeatBatchWorkflow
-from tests.workflows.test_seat_aware import none_closed
+from tests.workflows.seat_route import seat_route
 from workflows.patches import REOPEN_RAMP
 from workflows.scheduler import RouteSchedulerWorkflow
 
@@ -29,35 +25,13 @@ DOUBLE_EVERY_S = 1.5
 
 
 async def test_a_reopened_route_ramps_its_allotments_up(temporal_client: Client) -> None:
-    client = temporal_client
-    queue = f"ramp-{uuid.uuid4().hex[:8]}"
-    route = f"route-{queue}"
-    async with Worker(
-        client,
-        task_queue=queue,
-        workflows=[RouteSchedulerWorkflow, SeatBatchWorkflow],
-        activities=[none_closed],
-    ):
-        batch = await client.start_workflow(
-            SeatBatchWorkflow.run, id=f"batch-{queue}", task_queue=queue
-        )
-        settings = RouteSettings(
-            max_concurrent_lines=8,
-            yield_to_live_traffic={"pause_at_in_flight": 1},
-            reopen_ramp={"initial": 1, "double_every_s": DOUBLE_EVERY_S},
-        )
-        scheduler = await client.start_workflow(
-            RouteSchedulerWorkflow.run,
-            SchedulerInput(route_id=route, settings=settings, reconcile_seconds=3600),
-            id=scheduler_workflow_id(route),
-            task_queue=queue,
-        )
-        await scheduler.signal(
-            RouteSchedulerWorkflow.demand, Demand(batch_id=batch.id, workspace="w", wanted=100)
-        )
-
-        async def allotments() -> list[int]:
-            return await batch.query(SeatBatchWorkflow.allotments)
+    settings = RouteSettings(
+        max_concurrent_lines=8,
+        yield_to_live_traffic={"pause_at_in_flight": 1},
+        reopen_ramp={"initial": 1, "double_every_s": DOUBLE_EVERY_S},
+    )
+    async with seat_route(temporal_client, "ramp", settings) as r:
+        scheduler, allotments = r.scheduler, r.allotments
 
         # An open route from the start: its limit at once (a ramp follows a rise only).
         await poll_until(allotments, lambda a: a == [8], timeout=30, what="the first allotment")
@@ -98,5 +72,3 @@ async def test_a_reopened_route_ramps_its_allotments_up(temporal_client: Client)
         ]
         assert len(timers) == 3, timers
         assert any(patch_marker(REOPEN_RAMP)(e) for e in history.events)
-        await scheduler.terminate()
-        await batch.terminate()
