@@ -9,6 +9,10 @@ shares (`backfill.gates.preempt`), the youngest preemptible lines are told to st
 live traffic, so a preempted line that the workflow starts again at once does not take the seat
 back before the route scheduler's allotment follows.
 
+With a live-latency target in the policy, the board also holds seats back from batch lines
+(`held_back`, at most once per `ADJUST_EVERY` seconds, from the highest TTFT the fresh reports
+carry): the door and the preemption count with `batch_seats − held_back`.
+
 A worker sees only its own lines: with several workers each preempts by its own, so preemption is
 conservative (it never ends more lines than the excess). Everything runs on the worker's event
 loop; `report` is called there (the HTTP thread hands it over).
@@ -22,13 +26,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backfill.gates.preempt import PreemptPolicy, excess, lines_to_preempt, may_send
+from backfill.gates.preempt import PreemptPolicy, excess, held_back, lines_to_preempt, may_send
+from backfill.metrics import BATCH_SEATS_HELD_BACK
 
 REPORT_TTL = 5.0
 """Seconds an api process's report counts without being renewed (they renew every second while
 preemption is on): an api that died stops holding seats, a route switched off stops preempting."""
 DOOR_RECHECK = 1.0
 """Seconds a line at the door waits before looking again without a report (reports expire)."""
+ADJUST_EVERY = 1.0
+"""Seconds between two changes of the seats held back for the live-latency target."""
 RATE_WEIGHT = 0.2
 """Weight of the newest completed line in a route's tokens-per-second estimate."""
 
@@ -50,6 +57,7 @@ class _Report:
     live: int
     policy: PreemptPolicy | None
     at: float
+    ttft_ms: float | None = None
 
 
 @dataclass
@@ -58,6 +66,9 @@ class _Route:
     tickets: list[Ticket] = field(default_factory=list)
     tokens_per_second: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    held_back: int = 0
+    """Seats held back for the live-latency target, beyond `keep_free`."""
+    adjusted_at: float = -1e9
 
 
 class PreemptBoard:
@@ -69,26 +80,60 @@ class PreemptBoard:
         return self._routes.setdefault(route, _Route())
 
     # ---- what the api processes say ----
-    def report(self, route: str, process: str, live: int, policy: PreemptPolicy | None) -> int:
-        """An api process's live count on `route` and the route's policy; returns how many
-        lines were told to stop."""
+    def report(
+        self,
+        route: str,
+        process: str,
+        live: int,
+        policy: PreemptPolicy | None,
+        ttft_ms: float | None = None,
+    ) -> int:
+        """An api process's live count on `route`, the route's policy and the process's recent
+        live TTFT; returns how many lines were told to stop."""
         r = self._route(route)
-        r.reports[process] = _Report(max(0, live), policy, self._clock())
+        r.reports[process] = _Report(max(0, live), policy, self._clock(), ttft_ms)
+        self._adjust(route, r)
         r.changed.set()
         r.changed = asyncio.Event()  # waiters hold the old one, now set
         return self._preempt(route)
 
-    def _current(self, r: _Route) -> tuple[int, PreemptPolicy | None]:
-        """(live in flight summed over every api process still reporting, the newest policy)."""
+    def _fresh(self, r: _Route) -> list[_Report]:
         now = self._clock()
-        fresh = [p for p in r.reports.values() if now - p.at < REPORT_TTL]
+        return [p for p in r.reports.values() if now - p.at < REPORT_TTL]
+
+    def _current(self, r: _Route) -> tuple[int, PreemptPolicy | None]:
+        """(live in flight summed over every api process still reporting, the newest policy with
+        the seats held back for the live-latency target taken off its `batch_seats`)."""
+        fresh = self._fresh(r)
         if not fresh:
             return 0, None
-        newest = max(fresh, key=lambda p: p.at)
-        return sum(p.live for p in fresh), newest.policy
+        newest = max(fresh, key=lambda p: p.at).policy
+        if newest is not None and r.held_back:
+            newest = newest.model_copy(update={"batch_seats": newest.batch_seats - r.held_back})
+        return sum(p.live for p in fresh), newest
 
     def policy(self, route: str) -> PreemptPolicy | None:
         return self._current(self._route(route))[1]
+
+    def held_back(self, route: str) -> int:
+        """Seats held back from `route`'s batch lines for its live-latency target now."""
+        return self._route(route).held_back
+
+    def _adjust(self, route: str, r: _Route) -> None:
+        """Follow the live-latency target: at most once per `ADJUST_EVERY`, from the highest
+        TTFT the fresh reports carry."""
+        now = self._clock()
+        fresh = self._fresh(r)
+        policy = max(fresh, key=lambda p: p.at).policy if fresh else None
+        target = policy.ttft_target_ms if policy is not None else None
+        if target is None or policy is None:
+            r.held_back = 0
+        elif now - r.adjusted_at >= ADJUST_EVERY:
+            measured = [p.ttft_ms for p in fresh if p.ttft_ms is not None]
+            observed = max(measured) if measured else None
+            r.held_back = held_back(r.held_back, observed, target, policy.batch_seats)
+            r.adjusted_at = now
+        BATCH_SEATS_HELD_BACK.labels(route).set(r.held_back)
 
     def _preempt(self, route: str) -> int:
         r = self._route(route)

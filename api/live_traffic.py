@@ -6,12 +6,19 @@ fails. `LiveTraffic.in_flight` is the only way to count, so every exit path (err
 disconnect mid-stream) uncounts it. The counts are exported as the Prometheus gauge
 `gateway_live_in_flight{route}` and read by the code that reports them to the route schedulers
 (`snapshot()`, `subscribe()`; see docs/decisions/0009-live-traffic-reports.md).
+
+It also keeps the times to first token of the streamed live requests of the last
+`TTFT_WINDOW_S` seconds (`record_ttft`, `recent_ttft_ms`), which preemptive yield's live-latency
+target reads (docs/decisions/0025).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import Gauge
@@ -24,6 +31,10 @@ IN_FLIGHT = Gauge(
     ["route"],
 )
 
+TTFT_WINDOW_S = 5.0
+"""Seconds of streamed live requests `recent_ttft_ms` summarizes."""
+TTFT_QUANTILE = 0.9
+
 Listener = Callable[[str, int], None]
 """Called with (route id, new count) after every change, on the event loop's thread."""
 
@@ -31,9 +42,13 @@ Listener = Callable[[str, int], None]
 class LiveTraffic:
     """Per-route in-flight counts of this process's live requests. One per app."""
 
-    def __init__(self, routes: Iterable[str] = ()) -> None:
+    def __init__(
+        self, routes: Iterable[str] = (), clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._counts: dict[str, int] = {}
         self._listeners: list[Listener] = []
+        self._clock = clock
+        self._ttfts: dict[str, deque[tuple[float, float]]] = {}
         for route in routes:
             self._counts[route] = 0
             IN_FLIGHT.labels(route)  # the series exists (at 0) before the first request
@@ -53,6 +68,30 @@ class LiveTraffic:
     def snapshot(self) -> dict[str, int]:
         """Every known route's current count (routes seen so far, zeros included)."""
         return dict(self._counts)
+
+    def record_ttft(self, route: str, seconds: float) -> None:
+        """A streamed live request on `route` got its first byte `seconds` after it arrived."""
+        now = self._clock()
+        window = self._ttfts.setdefault(route, deque())
+        window.append((now, seconds))
+        self._prune(window, now)
+
+    def recent_ttft_ms(self, route: str) -> float | None:
+        """The `TTFT_QUANTILE` (nearest rank) of the times to first token on `route` over the
+        last `TTFT_WINDOW_S` seconds, in ms (None: no streamed request in that time)."""
+        window = self._ttfts.get(route)
+        if not window:
+            return None
+        self._prune(window, self._clock())
+        if not window:
+            return None
+        values = sorted(v for _, v in window)
+        return 1000.0 * values[max(0, math.ceil(TTFT_QUANTILE * len(values)) - 1)]
+
+    @staticmethod
+    def _prune(window: deque[tuple[float, float]], now: float) -> None:
+        while window and now - window[0][0] > TTFT_WINDOW_S:
+            window.popleft()
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call `listener` after every change; returns the function that unsubscribes it."""

@@ -332,7 +332,9 @@ class UpstreamResponse(Response):
             await send(
                 {"type": "http.response.start", "status": resp.status_code, "headers": headers}
             )
-            self.reader = UsageReader(resp.headers.get("content-type", ""), self.usage)
+            content_type = resp.headers.get("content-type", "")
+            self.reader = UsageReader(content_type, self.usage)
+            streamed = content_type.startswith("text/event-stream")
             try:
                 first = True
                 async for chunk in resp.aiter_raw():
@@ -340,9 +342,10 @@ class UpstreamResponse(Response):
                         self.reader.feed(chunk)
                         if first:  # time to first token, for a stream
                             first = False
-                            LIVE_REQUEST_SECONDS.labels(self.route, "ttft").observe(
-                                time.monotonic() - self.started
-                            )
+                            ttft = time.monotonic() - self.started
+                            LIVE_REQUEST_SECONDS.labels(self.route, "ttft").observe(ttft)
+                            if streamed:
+                                self.live.record_ttft(self.route, ttft)
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.HTTPError as err:
                 # Too late for a status: end without completing, so the client sees the break.

@@ -230,6 +230,9 @@ class LiveCountReport(BaseModel):
     """Live requests in flight on the route in that process."""
     policy: PreemptPolicy | None
     """The route's preemption policy as the api last read it (None: off)."""
+    ttft_ms: float | None = Field(default=None, ge=0)
+    """The p90 time to first token of the process's streamed live requests on the route over the
+    last few seconds (None: none), for the live-latency target."""
 
 
 class WatchLoadInput(BaseModel):

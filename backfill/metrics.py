@@ -37,6 +37,12 @@ PREEMPTED_LINES = Counter(
     "again later.",
     ["route"],
 )
+BATCH_SEATS_HELD_BACK = Gauge(
+    "gateway_batch_seats_held_back",
+    "Seats this worker holds back from the route's batch lines, beyond keep_free, to keep the "
+    "route's live TTFT target (preemptive yield's live_ttft_target_ms).",
+    ["route"],
+)
 WASTED_TOKENS = Counter(
     "gateway_batch_wasted_tokens_total",
     "Tokens preempted batch lines had generated, estimated: time upstream x the route's tokens "

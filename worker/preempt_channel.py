@@ -36,6 +36,11 @@ class PreemptChannel:
         except ValidationError:
             return 400
         self.loop.call_soon_threadsafe(
-            self.board.report, report.route, report.process, report.live, report.policy
+            self.board.report,
+            report.route,
+            report.process,
+            report.live,
+            report.policy,
+            report.ttft_ms,
         )
         return 204

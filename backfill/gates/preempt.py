@@ -7,6 +7,11 @@ lines a worker ends, when the gateway's live count needs seats (`lines_to_preemp
 line preempted `max_preemptions` times runs to the end next time. The decision is taken on the
 workers, from live counts the api processes send them directly (docs/decisions/0023): a Temporal
 signal path is too slow for a live request's time to first token.
+
+With a live-latency target (`live_ttft_target_ms`) the workers also hold seats back from batch
+lines, beyond `keep_free`, while the live time to first token the api processes measure is over
+the target (`held_back`, pure): doubling the seats held back each second it is over, giving one
+back each second it is well under (docs/decisions/0025).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from backfill.gates.base import OPEN, FormField, GateAnswer, GateContext, GateEn
 from backfill.gates.seats import SeatAware
 
 MAX_PREEMPTIONS = 100
+UNDER_TARGET = 0.7
+"""A measured TTFT below this share of the target gives one held-back seat back."""
 
 
 class Preempt(BaseModel):
@@ -26,8 +33,12 @@ class Preempt(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    max_preemptions: int = Field(default=3, ge=1, le=MAX_PREEMPTIONS)
+    max_preemptions: int = Field(default=10, ge=1, le=MAX_PREEMPTIONS)
     """A line preempted this many times runs to the end next time (bounds the wasted work)."""
+    live_ttft_target_ms: int | None = Field(default=None, ge=1, le=600_000)
+    """The live time to first token (ms) the route promises: while the api processes measure
+    more (p90 of their streamed requests over the last seconds), more seats are held back from
+    batch lines (None: `keep_free` only)."""
 
 
 class PreemptPolicy(BaseModel):
@@ -39,6 +50,8 @@ class PreemptPolicy(BaseModel):
     """Seats batch lines and live requests may fill together: seat-aware admission's `seats −
     keep_free`."""
     max_preemptions: int
+    ttft_target_ms: int | None = None
+    """`live_ttft_target_ms` (None: no target, nothing held back beyond `keep_free`)."""
 
 
 def policy(seat_aware: SeatAware | None, preempt: Preempt | None) -> PreemptPolicy | None:
@@ -48,7 +61,22 @@ def policy(seat_aware: SeatAware | None, preempt: Preempt | None) -> PreemptPoli
     return PreemptPolicy(
         batch_seats=seat_aware.seats - seat_aware.keep_free,
         max_preemptions=preempt.max_preemptions,
+        ttft_target_ms=preempt.live_ttft_target_ms,
     )
+
+
+def held_back(held: int, observed_ms: float | None, target_ms: int, ceiling: int) -> int:
+    """Seats to hold back from batch lines next, beyond `keep_free`, given those held now and
+    the live TTFT measured since (None: no streamed live request to measure). Over the target,
+    twice as many (at least one more); under `UNDER_TARGET` of it, or with nothing measured, one
+    fewer; between, the same. Always within [0, ceiling]."""
+    if observed_ms is None or observed_ms < UNDER_TARGET * target_ms:
+        nxt = held - 1
+    elif observed_ms > target_ms:
+        nxt = max(held + 1, 2 * held)
+    else:
+        nxt = held
+    return max(0, min(ceiling, nxt))
 
 
 def excess(policy: PreemptPolicy, live: int, batch_sending: int) -> int:
@@ -85,6 +113,12 @@ ENTRY = GateEntry(
     decide=decide,
     doc='"Preemptive yield": with seat-aware admission on, when live requests need the seats '
     "batch lines hold, the youngest lines are ended at once and run again later (null: off).",
-    summary=lambda s: f"at most {s.max_preemptions} times a line",
-    form=(FormField("max_preemptions", "Preemptions per line (blank: off)"),),
+    summary=lambda s: (
+        f"at most {s.max_preemptions} times a line"
+        + (f", live TTFT target {s.live_ttft_target_ms} ms" if s.live_ttft_target_ms else "")
+    ),
+    form=(
+        FormField("max_preemptions", "Preemptions per line (blank: off)"),
+        FormField("live_ttft_target_ms", "Live TTFT target, ms (blank: none)"),
+    ),
 )

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from api.live_traffic import LiveTraffic
+from api.live_traffic import TTFT_WINDOW_S, LiveTraffic
 
 
 def gauge(route: str) -> float | None:
@@ -65,3 +65,19 @@ def test_listeners_see_each_change_and_cannot_break_counting() -> None:
         pass
     assert seen == [("ut-e", 1), ("ut-e", 0)]
     assert live.count("ut-e") == 0
+
+
+def test_recent_ttft_is_the_p90_of_the_last_seconds_of_streams() -> None:
+    now = [100.0]
+    live = LiveTraffic(["ut-t"], clock=lambda: now[0])
+    assert live.recent_ttft_ms("ut-t") is None
+    for i in range(10):
+        live.record_ttft("ut-t", 0.05 + 0.01 * i)  # 50 .. 140 ms
+    assert live.recent_ttft_ms("ut-t") == pytest.approx(130.0)  # 9th of 10
+    now[0] += TTFT_WINDOW_S / 2
+    live.record_ttft("ut-t", 2.0)
+    assert live.recent_ttft_ms("ut-t") == pytest.approx(140.0)  # 10th of 11
+    now[0] += TTFT_WINDOW_S / 2 + 0.01  # the first ten are out of the window
+    assert live.recent_ttft_ms("ut-t") == pytest.approx(2000.0)
+    now[0] += TTFT_WINDOW_S
+    assert live.recent_ttft_ms("ut-t") is None

@@ -14,9 +14,16 @@ from prometheus_client import REGISTRY
 from temporalio.testing import ActivityEnvironment
 
 from activities.lines import LineActivities
-from activities.preemption import REPORT_TTL, PreemptBoard
+from activities.preemption import ADJUST_EVERY, REPORT_TTL, PreemptBoard
 from api.live_reporter import should_report
-from backfill.gates.preempt import Preempt, PreemptPolicy, excess, lines_to_preempt, may_send
+from backfill.gates.preempt import (
+    Preempt,
+    PreemptPolicy,
+    excess,
+    held_back,
+    lines_to_preempt,
+    may_send,
+)
 from backfill.gates.preempt import policy as preempt_policy
 from backfill.gates.seats import SeatAware
 from backfill.messages import LineOutcome, RouteSettings
@@ -56,7 +63,7 @@ def test_excess_and_the_door_share_the_seats_of_seat_aware_admission() -> None:
 def test_the_setting_is_off_by_default_and_validated() -> None:
     assert RouteSettings().model_dump()["preempt"] is None
     s = RouteSettings.model_validate({"preempt": {"max_preemptions": 3}})
-    assert s.model_dump()["preempt"] == {"max_preemptions": 3}
+    assert s.model_dump()["preempt"] == {"max_preemptions": 3, "live_ttft_target_ms": None}
     with pytest.raises(ValueError, match="max_preemptions"):
         RouteSettings.model_validate({"preempt": {"max_preemptions": 0}})
 
@@ -99,6 +106,53 @@ async def test_a_line_waits_at_the_door_while_no_seat_is_free_and_reports_expire
     clock.now += REPORT_TTL
     assert board.policy("r1") is None
     await asyncio.wait_for(board.door(board.enter("r1", 0)), 1)
+
+
+def test_seats_are_held_back_while_the_live_ttft_is_over_the_target() -> None:
+    # Over the target: doubled (at least one more); well under it, or nothing measured: one
+    # fewer; between 70 % and 100 % of it: kept. Never below 0 or above the shared seats.
+    assert [held_back(h, 500.0, 400, 12) for h in (0, 1, 3, 8)] == [1, 2, 6, 12]
+    assert [held_back(h, 250.0, 400, 12) for h in (0, 1, 5)] == [0, 0, 4]
+    assert held_back(5, None, 400, 12) == 4
+    assert held_back(5, 350.0, 400, 12) == 5
+    assert held_back(20, 350.0, 400, 12) == 12
+
+
+async def test_a_live_ttft_target_narrows_the_door_and_preempts_to_keep_it() -> None:
+    clock = Clock()
+    board = PreemptBoard(clock)
+    target = PreemptPolicy(batch_seats=4, max_preemptions=100, ttft_target_ms=400)
+    tickets = []
+    for i in range(4):
+        clock.now = 1000.0 + i
+        t = board.enter("r1", 0)
+        await board.door(t)
+        tickets.append(t)
+    assert board.report("r1", "api-a", 0, target, ttft_ms=300.0) == 0  # within: nothing held
+    assert board.held_back("r1") == 0
+    # The live TTFT goes over the target: one seat held back, then two (once a second).
+    clock.now += ADJUST_EVERY
+    assert board.report("r1", "api-a", 0, target, ttft_ms=900.0) == 1
+    assert board.report("r1", "api-a", 0, target, ttft_ms=900.0) == 0  # not within the second
+    clock.now += ADJUST_EVERY
+    assert board.report("r1", "api-a", 0, target, ttft_ms=900.0) == 1
+    assert board.held_back("r1") == 2
+    assert [t.preempted.is_set() for t in tickets] == [False, False, True, True]
+    for t in tickets[2:]:
+        board.leave(t)
+    # A line at the door waits while the held-back seats are the only free ones.
+    waiting = board.enter("r1", 0)
+    door = asyncio.ensure_future(board.door(waiting))
+    await asyncio.sleep(0.01)
+    assert not door.done()
+    # Well under the target: a seat is given back each second, and the door opens.
+    clock.now += REPORT_TTL  # api-a's 900 ms expires with its report
+    board.report("r1", "api-b", 0, target, ttft_ms=100.0)
+    assert board.held_back("r1") == 1
+    await asyncio.wait_for(door, 1)
+    # Without a target nothing is held back.
+    board.report("r1", "api-b", 0, POLICY, ttft_ms=5000.0)
+    assert board.held_back("r1") == 0
 
 
 def test_seat_aware_admission_reports_every_change() -> None:
