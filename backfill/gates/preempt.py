@@ -33,7 +33,7 @@ class Preempt(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    max_preemptions: int = Field(default=10, ge=1, le=MAX_PREEMPTIONS)
+    max_preemptions: int = Field(default=MAX_PREEMPTIONS, ge=1, le=MAX_PREEMPTIONS)
     """A line preempted this many times runs to the end next time (bounds the wasted work)."""
     live_ttft_target_ms: int | None = Field(default=None, ge=1, le=600_000)
     """The live time to first token (ms) the route promises: while the api processes measure

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from backfill.sim import SimConfig, SimFault
 from tests.conftest import TemporalServer
@@ -47,6 +48,18 @@ async def scheduling(stack: Stack, http: httpx.AsyncClient) -> dict[str, Any]:
     resp = await http.get(url, headers=auth(ADMIN))
     assert resp.status_code == 200, resp.text
     return resp.json()  # type: ignore[no-any-return]
+
+
+async def held_back(stack: Stack, http: httpx.AsyncClient) -> float | None:
+    """The worker's `gateway_batch_seats_held_back` for the stack's route (None: not yet set)."""
+    r = await http.get(f"http://127.0.0.1:{stack.worker_metrics_ports[0]}/metrics")
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if sample.name == "gateway_batch_seats_held_back" and sample.labels == {
+                "route": stack.route_id
+            }:
+                return sample.value
+    return None
 
 
 async def put_settings(stack: Stack, http: httpx.AsyncClient, doc: dict[str, Any]) -> None:
@@ -191,15 +204,12 @@ async def test_a_preempted_line_is_counted_in_the_batch_and_the_route_status(
     sim = SimConfig(model_names=[], latency_ms=1000, stream_token_delay_ms=200)
     stack = Stack(tmp_path, dev_server.address, cap=2, sim=sim, preempt_token="e2e-preempt")
     async with stack.running(), httpx.AsyncClient(timeout=30) as http:
-        await put_settings(
-            stack,
-            http,
-            {
-                "max_concurrent_lines": 2,
-                "seat_aware": {"seats": 3, "keep_free": 1},
-                "preempt": {"max_preemptions": 100},
-            },
-        )
+        settings: dict[str, Any] = {
+            "max_concurrent_lines": 2,
+            "seat_aware": {"seats": 3, "keep_free": 1},
+            "preempt": {"max_preemptions": 100},
+        }
+        await put_settings(stack, http, settings)
         client = stack.client()
         batch_id = await submit(stack, 40)
         await poll(
@@ -224,6 +234,17 @@ async def test_a_preempted_line_is_counted_in_the_batch_and_the_route_status(
                 lambda d: d["status"]["preempted_lines"] > 0,
                 within=15,
                 what="a batch line preempted for the live stream",
+                every=0.2,
+            )
+            # A live TTFT target no stream can meet (each takes ~1 s to its first token): the
+            # worker holds back every shared seat, from the TTFT the api measured and sent.
+            settings["preempt"] = {"max_preemptions": 100, "live_ttft_target_ms": 1}
+            await put_settings(stack, http, settings)
+            await poll(
+                lambda: held_back(stack, http),
+                lambda n: n == 2,
+                within=30,
+                what="the worker holding both shared seats back for the live TTFT target",
                 every=0.2,
             )
         finally:
