@@ -3,6 +3,7 @@ the ideal client's decision) and the ideal client against the GPU simulator."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -18,6 +19,7 @@ from bench.spare_capacity import (
     Mode,
     ModeResult,
     compare,
+    modes_from,
     reference_name,
     summarize,
 )
@@ -94,7 +96,9 @@ def test_mode_specs() -> None:
     assert Mode.parse("naive:8").concurrency == 8
     assert Mode.parse("cap:4").settings == {"max_concurrent_lines": 4}
     ideal = Mode.parse("ideal:2")
-    assert (ideal.kind, ideal.keep_free, ideal.via_gateway) == ("ideal", 2, False)
+    # Its live traffic pays the proxy hop the live-gw reference pays (the issue: through the
+    # gateway in every row), so its ratio is the batch's cost alone.
+    assert (ideal.kind, ideal.keep_free, ideal.via_gateway) == ("ideal", 2, True)
     assert Mode.parse("first-round").settings == FIRST_ROUND
     shipped = json.loads(EXAMPLE.read_text())
     assert "preempt" in shipped and "seat_aware" in shipped
@@ -104,6 +108,16 @@ def test_mode_specs() -> None:
     for bad in ("cap", "naive:x", "ideal", "gates"):
         with pytest.raises(ValueError, match="unknown mode"):
             Mode.parse(bad)
+
+
+def test_the_reference_row_goes_through_the_gateway_when_any_row_does() -> None:
+    def names(modes: str) -> list[str]:
+        return [m.name for m in modes_from(argparse.Namespace(modes=modes, mode_json=[]))]
+
+    assert names("ideal:2,preempt") == ["live only (gateway)", *names("ideal:2,preempt")[1:]]
+    assert names("cap:8")[0] == "live only (gateway)"
+    assert names("naive:4")[0] == "live only"  # nothing through the gateway: no stack needed
+    assert names("live,ideal:2") == ["live only", "ideal client, 2 kept free"]  # as asked
 
 
 def test_settings_for_substitutes_the_simulator_url_and_its_seats() -> None:
