@@ -67,7 +67,7 @@ from typing import Any, Literal
 import httpx
 
 from backfill.sim import SimServer
-from backfill.sim.gpu import GpuEngine, percentile
+from backfill.sim.gpu import GpuEngine, LatencyRecord, percentile
 from bench.common import clear_settings_env, log
 from bench.spare_loads import (
     CHAT,
@@ -94,6 +94,8 @@ FIRST_ROUND: dict[str, Any] = {
 """The first round of gates, the best row of docs/performance.md's table before seat-aware
 admission."""
 LIVE, LIVE_GW = "live only", "live only (gateway)"
+SLOWEST = 8
+"""Live requests kept per run for a post-mortem of the tail (`ModeResult.slowest_live`)."""
 
 
 # ---- modes ---------------------------------------------------------------------------------------
@@ -219,6 +221,10 @@ class ModeResult:
     peak_waiting: int
     live_ttft_ms_by_phase: dict[str, Dist] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    slowest_live: list[dict[str, Any]] = field(default_factory=list)
+    """For a post-mortem of the tail: the live requests with the longest TTFT at the simulator
+    (seconds after the window's start, TTFT and time queued for a seat, ms) and the batch
+    requests aborted in the second before each arrived."""
     batch_share_of_spare: float | None = None
     ttft_p99_vs_reference: float | None = None
     """Live TTFT p99 ÷ the same repetition's reference row's (`live-gw` if run, else `live`)."""
@@ -227,6 +233,25 @@ class ModeResult:
     def wasted_share(self) -> float | None:
         """Wasted batch tokens ÷ batch tokens generated in the window."""
         return self.batch_aborted_tokens / self.batch_tokens if self.batch_tokens else None
+
+
+def slowest(
+    live: list[LatencyRecord], aborted_at: list[float], since: float, n: int = SLOWEST
+) -> list[dict[str, Any]]:
+    """The `n` live records with the longest TTFT, each with the batch aborts of the second
+    before its arrival (`ModeResult.slowest_live`)."""
+    out = []
+    for r in sorted(live, key=lambda r: r.ttft_s, reverse=True)[:n]:
+        before = [a for a in aborted_at if r.arrival - 1.0 <= a <= r.arrival + r.ttft_s]
+        out.append(
+            {
+                "at_s": round(r.arrival - since, 3),
+                "ttft_ms": round(1000 * r.ttft_s, 1),
+                "queued_ms": round(1000 * r.queued_s, 1),
+                "batch_aborts_ms": [round(1000 * (a - r.arrival), 1) for a in before],
+            }
+        )
+    return out
 
 
 def dist_ms(seconds: list[float]) -> Dist:
@@ -376,6 +401,8 @@ class Bench:
         finally:
             snap.cancel()
             records = list(engine.log.records)
+            aborted_at = list(engine.log.batch.aborted_at)
+            since = engine.log.since
             peak_waiting = engine.peak_waiting
             extra = await load.stop()
         ok = [o for o in outcomes if o.error is None]
@@ -405,6 +432,7 @@ class Bench:
             peak_waiting=peak_waiting,
             live_ttft_ms_by_phase={p: dist_ms(v) for p, v in phases.items()},
             extra=extra,
+            slowest_live=slowest(live_recs, aborted_at, since),
         )
         log(f"rep {rep} mode {mode.name}: {json.dumps(asdict(result))}")
         return result

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from backfill.sim import GpuConfig, SimConfig, SimServer
+from backfill.sim.gpu import LatencyRecord
 from bench.spare_capacity import (
     EXAMPLE,
     FIRST_ROUND,
@@ -21,6 +22,7 @@ from bench.spare_capacity import (
     compare,
     modes_from,
     reference_name,
+    slowest,
     summarize,
 )
 from bench.spare_loads import IdealClient, IdealMove, InFlight, ideal_move, settings_for
@@ -249,3 +251,20 @@ async def test_ideal_client_closes_its_youngest_requests_and_the_simulator_abort
             stats = await client.stop()
     assert stats["batch_requests_cancelled"] == 2
     assert stats["batch_requests_resubmitted"] == 2
+
+
+def test_slowest_keeps_the_longest_live_ttfts_with_the_batch_aborts_around_them() -> None:
+    def rec(arrival: float, ttft: float) -> LatencyRecord:
+        return LatencyRecord("live", arrival, ttft, ttft + 1, ttft / 2, 10, 5, 0, False)
+
+    live = [rec(100.0, 0.1), rec(105.0, 0.9), rec(110.0, 0.3)]
+    aborts = [99.0, 104.5, 105.2, 107.0]  # 104.5 and 105.2 around the slow one; 107 after it
+    out = slowest(live, aborts, since=95.0, n=2)
+    assert [r["at_s"] for r in out] == [10.0, 15.0]  # the two slowest, slowest first
+    assert out[0] == {
+        "at_s": 10.0,
+        "ttft_ms": 900.0,
+        "queued_ms": 450.0,
+        "batch_aborts_ms": [-500.0, 200.0],
+    }
+    assert out[1]["batch_aborts_ms"] == []
