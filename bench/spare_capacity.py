@@ -59,6 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -221,6 +222,8 @@ class ModeResult:
     peak_waiting: int
     live_ttft_ms_by_phase: dict[str, Dist] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    live_error_kinds: dict[str, int] = field(default_factory=dict)
+    """Live errors by kind (an HTTP status, or the client's exception)."""
     slowest_live: list[dict[str, Any]] = field(default_factory=list)
     """For a post-mortem of the tail: the live requests with the longest TTFT at the simulator
     (seconds after the window's start, TTFT and time queued for a seat, ms) and the batch
@@ -432,6 +435,7 @@ class Bench:
             peak_waiting=peak_waiting,
             live_ttft_ms_by_phase={p: dist_ms(v) for p, v in phases.items()},
             extra=extra,
+            live_error_kinds=dict(Counter(o.error for o in outcomes if o.error is not None)),
             slowest_live=slowest(live_recs, aborted_at, since),
         )
         log(f"rep {rep} mode {mode.name}: {json.dumps(asdict(result))}")
