@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.lines import LineActivities
 from activities.preemption import ADJUST_EVERY, REPORT_TTL, PreemptBoard
 from api.live_reporter import should_report
+from backfill.gates import seats as seats_gate
+from backfill.gates.base import GateContext
 from backfill.gates.preempt import (
     Preempt,
     PreemptPolicy,
@@ -299,10 +302,27 @@ async def test_the_channel_needs_the_token_and_a_valid_report() -> None:
     assert board.policy("r1") == POLICY
 
 
+EXAMPLE = Path(__file__).parents[2] / "deploy/examples/batch-scheduling/bursty-vllm.json"
+
+
 def test_the_shipped_bursty_vllm_example_is_a_valid_settings_document() -> None:
-    path = Path(__file__).parents[2] / "deploy/examples/batch-scheduling/bursty-vllm.json"
-    s = RouteSettings.model_validate_json(path.read_text())
+    s = RouteSettings.model_validate_json(EXAMPLE.read_text())
     doc = s.model_dump()
     assert (
         doc["preempt"] is not None and doc["seat_aware"]["keep_free"] < doc["seat_aware"]["seats"]
     )
+
+
+@pytest.mark.parametrize("seats", [16, 32, 128])
+def test_changing_only_the_examples_seats_is_enough(seats: int) -> None:
+    """Operators (and independent checks) copy the example changing only the URLs and the seats:
+    its "Batch lines at once" must not cap a bigger server's seat-aware allotment (a cap of 14,
+    sized for 16 seats, held a 32-seat server's batch to 68 % of the spare where the ideal
+    client filled 85 %)."""
+    doc = json.loads(EXAMPLE.read_text())
+    doc["seat_aware"]["seats"] = seats
+    s = RouteSettings.model_validate(doc)
+    assert s.seat_aware is not None
+    idle = GateContext(now=datetime.fromtimestamp(1e9, UTC), cap=s.max_concurrent_lines)
+    answer = seats_gate.decide(s.seat_aware, idle)
+    assert answer.open and answer.limit == seats - s.seat_aware.keep_free
