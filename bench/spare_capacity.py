@@ -227,7 +227,7 @@ class ModeResult:
     slowest_live: list[dict[str, Any]] = field(default_factory=list)
     """For a post-mortem of the tail: the live requests with the longest TTFT at the simulator
     (seconds after the window's start, TTFT and time queued for a seat, ms) and the batch
-    requests aborted in the second before each arrived."""
+    requests aborted from a second before each arrived to its first token."""
     batch_share_of_spare: float | None = None
     ttft_p99_vs_reference: float | None = None
     """Live TTFT p99 ÷ the same repetition's reference row's (`live-gw` if run, else `live`)."""
@@ -241,8 +241,8 @@ class ModeResult:
 def slowest(
     live: list[LatencyRecord], aborted_at: list[float], since: float, n: int = SLOWEST
 ) -> list[dict[str, Any]]:
-    """The `n` live records with the longest TTFT, each with the batch aborts of the second
-    before its arrival (`ModeResult.slowest_live`)."""
+    """The `n` live records with the longest TTFT, each with the batch aborts from a second
+    before its arrival to its first token (`ModeResult.slowest_live`)."""
     out = []
     for r in sorted(live, key=lambda r: r.ttft_s, reverse=True)[:n]:
         before = [a for a in aborted_at if r.arrival - 1.0 <= a <= r.arrival + r.ttft_s]
@@ -546,13 +546,17 @@ def table(
     return "\n".join(lines)
 
 
+def uses_gateway(modes: list[Mode]) -> bool:
+    """Whether any row needs the stack (a backfill row, or live traffic through the gateway)."""
+    return any(m.kind == "backfill" or m.via_gateway for m in modes)
+
+
 def modes_from(args: argparse.Namespace) -> list[Mode]:
     modes = [Mode.parse(s) for s in args.modes.split(",") if s]
     modes += [Mode(**json.loads(m)) for m in args.mode_json]
     if not any(m.kind == "live_only" for m in modes):
         # The reference every share and ratio needs: through the gateway when any row is.
-        gateway = any(m.kind == "backfill" or m.via_gateway for m in modes)
-        modes.insert(0, Mode.parse("live-gw" if gateway else "live"))
+        modes.insert(0, Mode.parse("live-gw" if uses_gateway(modes) else "live"))
     return modes
 
 
@@ -569,7 +573,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
     )
     modes = modes_from(args)
-    need_stack = any(m.kind == "backfill" or m.via_gateway for m in modes)
+    need_stack = uses_gateway(modes)
     segments = [asdict(s) for s in w.segments()]
     log(f"workload: trace {w.trace}, {w.duration_s:.0f}s, segments {segments}")
     async with environment(w, need_stack) as bench:
