@@ -15,6 +15,7 @@ from temporalio.client import Client
 from api import (
     admin,
     admin_batches,
+    admin_jobs,
     admin_usage,
     batches,
     console,
@@ -117,6 +118,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(admin_batches.router)
+    app.include_router(admin_jobs.router)  # /gateway/ui-api/batches: every workspace's jobs
     app.include_router(admin_usage.router)
     app.include_router(webhooks.router)
     console.install(app)  # /console: the web console (not in the OpenAPI schema)

@@ -145,7 +145,7 @@ def _store_line(settings: Settings, store: Store, workspace: str, line: bytes) -
 
 
 # ---- read ------------------------------------------------------------------------------------
-async def _is_job(ex: WorkflowExecution) -> bool:
+async def is_job_execution(ex: WorkflowExecution) -> bool:
     return bool(await ex.memo_value(JOB_MEMO, False))
 
 
@@ -159,8 +159,8 @@ async def list_jobs(
 ) -> JobList:
     """The caller's workspace's jobs, newest first (`after`: the last id of the previous page)."""
     query = f"{sa.WORKSPACE.name} = '{sa.quote(identity.workspace)}'"
-    page = await batches.list_page(client, query, after=after, limit=limit, keep=_is_job)
-    jobs = await asyncio.gather(*(_view(store, b) for b in page.data))
+    page = await batches.list_page(client, query, after=after, limit=limit, keep=is_job_execution)
+    jobs = await asyncio.gather(*(view(store, b) for b in page.data))
     return JobList(
         data=list(jobs), first_id=page.first_id, last_id=page.last_id, has_more=page.has_more
     )
@@ -170,7 +170,7 @@ async def list_jobs(
 async def retrieve_job(
     job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
 ) -> Job:
-    return await _view(store, await _batch(client, identity, job_id))
+    return await view(store, await job_batch(client, identity, job_id))
 
 
 @router.get(
@@ -187,8 +187,13 @@ async def retrieve_job(
 async def job_output(
     job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
 ) -> JSONResponse:
+    return await output(job_id, client, store, identity)
+
+
+async def output(job_id: str, client: Client, store: Store, identity: Identity) -> JSONResponse:
+    """The completed job's answer body, for this caller (shared with the admin endpoints)."""
     identity.require_content()
-    batch = await _batch(client, identity, job_id)
+    batch = await job_batch(client, identity, job_id)
     record = read_record(await asyncio.to_thread(_record, store, batch))
     job = job_of(batch, record)
     if job.state == "failed":
@@ -209,7 +214,7 @@ async def job_output(
     return JSONResponse(record.body)
 
 
-async def _batch(client: Client, identity: Identity, job_id: str) -> Batch:
+async def job_batch(client: Client, identity: Identity, job_id: str) -> Batch:
     """The job's batch; 404 for a batch that is not a job, or one the caller may not see."""
     not_found = NotFound(f"No such job: {job_id}", param="job_id", code="job_not_found")
     try:
@@ -221,7 +226,7 @@ async def _batch(client: Client, identity: Identity, job_id: str) -> Batch:
     return batch
 
 
-async def _view(store: Store, batch: Batch) -> Job:
+async def view(store: Store, batch: Batch) -> Job:
     return job_of(batch, read_record(await asyncio.to_thread(_record, store, batch)))
 
 
@@ -243,35 +248,41 @@ def _record(store: Store, batch: Batch) -> bytes | None:
 
 
 # ---- control ---------------------------------------------------------------------------------
-async def _control(
+async def control(
     action: str, job_id: str, client: Client, store: Store, identity: Identity
 ) -> Job:
+    return await view(store, await control_batch(action, job_id, client, identity))
+
+
+async def control_batch(action: str, job_id: str, client: Client, identity: Identity) -> Batch:
+    """Pause, resume or cancel the job (409 `invalid_job_state` when its state does not
+    allow it); its batch as the control left it. Shared with the admin endpoints."""
     identity.require_write()
-    batch = await _batch(client, identity, job_id)
+    batch = await job_batch(client, identity, job_id)
     state = job_state(batch)
     if state in _UNCONTROLLABLE or (state == "cancelling" and action != "cancel"):
         raise Conflict(f"Cannot {action} a job in state '{state}'.", code="invalid_job_state")
-    control: Any = {
+    act: Any = {
         "pause": batches.pause_batch,
         "resume": batches.resume_batch,
         "cancel": batches.cancel_batch,
     }[action]
-    return await _view(store, await control(job_id, client, identity))
+    return await act(job_id, client, identity)  # type: ignore[no-any-return]
 
 
 @router.post("/{job_id}/pause", response_model=Job, responses=error_responses(403, 404, 409))
 async def pause_job(job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep) -> Job:
     """Hold the job back (`pausing` while an attempt is in flight, then `paused`)."""
-    return await _control("pause", job_id, client, store, identity)
+    return await control("pause", job_id, client, store, identity)
 
 
 @router.post("/{job_id}/resume", response_model=Job, responses=error_responses(403, 404, 409))
 async def resume_job(job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep) -> Job:
     """Let a paused job run again (`queued`)."""
-    return await _control("resume", job_id, client, store, identity)
+    return await control("resume", job_id, client, store, identity)
 
 
 @router.post("/{job_id}/cancel", response_model=Job, responses=error_responses(403, 404, 409))
 async def cancel_job(job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep) -> Job:
     """Cancel the job (`cancelling`, then `cancelled`); an attempt in flight finishes."""
-    return await _control("cancel", job_id, client, store, identity)
+    return await control("cancel", job_id, client, store, identity)

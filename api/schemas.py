@@ -264,7 +264,42 @@ class JobList(BaseModel):
     has_more: bool
 
 
+class JobIdentity(BaseModel):
+    """Who created a job: its batch's identity snapshot (never the key itself)."""
+
+    model_config = _Output
+
+    workspace: str
+    key_id: str | None = None
+    """The id of the key that created it (`backfill keys create`); null for a key without
+    one."""
+    role: str | None = None
+    """That key's role when the job was created."""
+    allowed_models: list[str] | None = None
+    """The models that key could use (null: every model); the job runs under this to the end."""
+
+
+class AdminJob(Job):
+    """A job as the admin endpoints (`/gateway/ui-api/batches`) show it: the Job, its
+    workspace and its creator's identity snapshot."""
+
+    workspace: str
+    identity: JobIdentity
+
+
+class AdminJobList(BaseModel):
+    model_config = _Output
+
+    object: Literal["list"] = "list"
+    data: list[AdminJob]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
 __all__ = [
+    "AdminJob",
+    "AdminJobList",
     "Batch",
     "BatchList",
     "BatchScheduling",
@@ -276,6 +311,7 @@ __all__ = [
     "FileList",
     "FileObject",
     "Job",
+    "JobIdentity",
     "JobList",
     "SchedulingStatus",
     "error_responses",

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from backfill.batches import Batch
+from backfill.batches import Batch, BatchStatus
 
 JOB_METADATA_KEY = "backfill_job"
 """The metadata key that marks a batch as a job (value `JOB_METADATA_VALUE`)."""
@@ -131,16 +131,38 @@ def _answer_message(body: Any, status: int | None) -> str:
     return f"The backend answered HTTP {status}."
 
 
-def job_state(batch: Batch) -> JobState:
-    """The job's state from its batch (the table in the module doc)."""
-    counts = batch.request_counts
-    status = batch.status
+def settled_state(status: BatchStatus, completed_lines: int) -> JobState | None:
+    """The job's state when its batch's status and completed count decide it alone (an ended
+    or cancelling batch), else None (the running lines and the pause decide)."""
     if status in ("completed", "expired"):
-        return "completed" if counts.completed > 0 else "failed"
+        return "completed" if completed_lines > 0 else "failed"
     if status == "failed":
         return "failed"
     if status in ("cancelled", "cancelling"):
         return status
+    return None
+
+
+BATCH_STATUSES: dict[JobState, tuple[BatchStatus, ...]] = {
+    "completed": ("completed", "expired"),
+    "failed": ("completed", "expired", "failed"),
+    "cancelled": ("cancelled",),
+    "cancelling": ("cancelling",),
+    "running": ("validating", "in_progress", "finalizing"),
+    "pausing": ("validating", "in_progress"),
+    "paused": ("validating", "in_progress"),
+    "queued": ("validating", "in_progress"),
+}
+"""The batch statuses a job in each state can have (a listing's first, coarse filter)."""
+
+
+def job_state(batch: Batch) -> JobState:
+    """The job's state from its batch (the table in the module doc)."""
+    counts = batch.request_counts
+    status = batch.status
+    settled = settled_state(status, counts.completed)
+    if settled is not None:
+        return settled
     running = sum(r.running_lines for r in batch.backfill.routes)
     finished = counts.completed + counts.failed > 0
     if status == "finalizing" or finished:
