@@ -11,6 +11,15 @@ stack's own api from its own config, so they never meet another stack's.
 `stop()` ends the stack's batches first (cancel, then wait; terminate what does not end) and
 terminates its route schedulers, so nothing a test started keeps running into the next one.
 
+A shared stack (`SharedStacks`, the `shared_stack` and `lease_stack` fixtures) is one set of
+processes per distinct set of options for the whole session, holding `tenants` key sets. Each test
+leases one (`lease()`): a `Stack` with the same api, workers, routes and simulators, and its own
+keys and workspaces (`stack.key("sk-test-alpha")`, `stack.auth(...)`, `stack.client(...)` translate
+the names of KEYS), a simulator reset to its first state (stats, seen requests, faults, config),
+and at its end the lease's batches ended. What a lease cannot isolate stays with `make_stack`:
+processes (kills, restarts, worker roles), route settings changed at run time, the route
+scheduler's history and the processes' metrics.
+
 The file store is the local directory `<tmp>/data`, or, with `BACKFILL_TEST_STORE=s3` in the
 environment, an S3 bucket on moto's server (one child process per test session, started by the
 first stack), each stack under its own key prefix. Tests look into the store through
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -38,7 +48,10 @@ from backfill.config import hash_key
 from backfill.dev.devserver import connect_client
 from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.ids import scheduler_workflow_id
+from backfill.search_attributes import WORKSPACE
 from backfill.sim import SimConfig, SimServer
+from backfill.sim.faults import FaultInjector
+from backfill.sim.server import SimStats
 from backfill.store import FileStore, Store
 from backfill.store.s3 import S3Store
 from tests.polling import PollTimeout, poll_until
@@ -106,10 +119,13 @@ class Stack:
         route_extra: dict[str, Any] | None = None,
         workspace_limits: dict[str, dict[str, int]] | None = None,
         preempt_token: str | None = None,
+        tenants: int = 0,
     ) -> None:
         """`upstream_key`: the routes' credential (through `api_key_env`), else none.
         `preempt_token`: preemptive yield's direct channel on (every process gets the token,
-        the api the workers started with the stack), else off."""
+        the api the workers started with the stack), else off.
+        `tenants`: key sets for leases (a shared stack), each with its own keys and workspaces,
+        besides the stack's own KEYS."""
         self.tmp = tmp
         self.temporal_address = temporal_address
         self.cap = cap
@@ -145,6 +161,20 @@ class Stack:
         self.route_extra = route_extra or {}
         """More keys of every route's config table (e.g. api_key_env)."""
         self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
+        self.keys = {key: key for key in KEYS}
+        """The key each name of KEYS stands for on this stack (a lease has keys of its own)."""
+        self.tenants = [
+            (
+                {key: f"{key}-t{i}" for key in KEYS},
+                {ws: f"{ws}-{self.suffix}-t{i}" for ws, _ in KEYS.values()},
+            )
+            for i in range(tenants)
+        ]
+        """(keys, workspaces) of each lease this stack can give (`lease`)."""
+        self.leased = 0
+        self.lease_of: Stack | None = None
+        """The shared stack this is a lease of, else None (the stack's own processes)."""
+        self.sim_first_state = [(sim, sim.app.config.model_copy(deep=True)) for sim in self.sims]
         self.workspace_limits = workspace_limits or {}
         """`[workspaces.<name>]` tables by short workspace name (`alpha`, or `default`)."""
         self.store_kind = store_kind()
@@ -215,17 +245,21 @@ class Stack:
             if self.upstream_key_env:
                 lines.append(f'api_key_env = "{self.upstream_key_env}"')
             lines += [f"{k} = {json.dumps(v)}" for k, v in self.route_extra.items()]
-        for key, (ws, role) in KEYS.items():
-            lines += ["[[api_keys]]", f'sha256 = "{hash_key(key)}"']
-            lines += [f'workspace = "{self.workspaces[ws]}"']
-            lines += [f'role = "{role}"', f'name = "{ws}-key"']
-            if key in KEY_MODELS:
-                lines.append(f"models = {json.dumps(KEY_MODELS[key])}")
+        key_sets = [(self.keys, self.workspaces), *self.tenants]
+        for keys, workspaces in key_sets:
+            for key, (ws, role) in KEYS.items():
+                lines += ["[[api_keys]]", f'sha256 = "{hash_key(keys[key])}"']
+                lines += [f'workspace = "{workspaces[ws]}"']
+                lines += [f'role = "{role}"', f'name = "{ws}-key"']
+                if key in KEY_MODELS:
+                    lines.append(f"models = {json.dumps(KEY_MODELS[key])}")
         # The listing test keeps 105 batches in one workspace: above the shipped default of 100.
-        tables = {"default": {"max_active_batches": 1000}, **self.workspace_limits}
-        for ws, table in tables.items():
-            lines.append(f'[workspaces."{self.workspaces.get(ws, ws)}"]')
-            lines += [f"{k} = {v!r}" for k, v in table.items()]
+        lines += ["[workspaces.default]", "max_active_batches = 1000"]
+        for ws, table in self.workspace_limits.items():
+            names = [self.workspaces.get(ws, ws)] + [w[ws] for _, w in self.tenants if ws in w]
+            for name in names:
+                lines.append(f'[workspaces."{name}"]')
+                lines += [f"{k} = {v!r}" for k, v in table.items()]
         self.config_path.write_text("\n".join(lines) + "\n")
 
     async def start(self, workers: int = 1) -> Stack:
@@ -282,10 +316,53 @@ class Stack:
         path = self.tmp / f"{name}.log"
         return path.read_text()[-3000:] if path.exists() else ""
 
+    def key(self, name: str = API_KEY) -> str:
+        """The key `name` (one of KEYS) stands for on this stack; any other string as is."""
+        return self.keys.get(name, name)
+
+    def auth(self, name: str = API_KEY) -> dict[str, str]:
+        """The Authorization header of `key(name)`."""
+        return auth(self.key(name))
+
     def client(self, key: str = API_KEY) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(api_key=key, base_url=f"{self.api_url}/v1", max_retries=0)
+        return openai.AsyncOpenAI(
+            api_key=self.key(key), base_url=f"{self.api_url}/v1", max_retries=0
+        )
+
+    def lease(self) -> Stack:
+        """The next of this started stack's tenants: a `Stack` on the same processes, routes
+        and simulators with its own keys and workspaces. `stop()` on it ends its batches only."""
+        if self.lease_of is not None or self.leased >= len(self.tenants):
+            raise RuntimeError(f"stack {self.suffix} has no tenant left to lease")
+        leased = copy.copy(self)
+        leased.keys, leased.workspaces = self.tenants[self.leased]
+        leased.lease_of = self
+        self.leased += 1
+        leased.reset_sims()
+        return leased
+
+    def reset_sims(self) -> None:
+        """Each simulator back to its first state: config, stats, seen requests, faults."""
+        for sim, first in self.sim_first_state:
+            app = sim.app
+            for name in type(first).model_fields:
+                setattr(app.config, name, copy.deepcopy(getattr(first, name)))
+            app.stats = SimStats()
+            app.stats.reset(app.load)
+            app.seen.clear()
+            app.faults = FaultInjector(app.config.faults, seed=app.config.seed)
 
     async def stop(self) -> None:
+        if self.lease_of is not None:
+            await self.end_batches(workspaces=list(self.workspaces.values()))
+            await poll_until(  # so the next lease's fresh stats count no request of this one
+                lambda: sum(sim.app.stats.all.concurrent for sim in self.sims),
+                lambda n: n == 0,
+                timeout=60,
+                what=f"no request of the lease's batches still open at stack {self.suffix}",
+                interval=0.05,
+            )
+            return
         try:
             if any(w.running for w in self.workers):
                 await self.end_batches()
@@ -297,11 +374,15 @@ class Stack:
             for sim in self.sims:
                 await sim.stop()
 
-    async def end_batches(self, within: float = 90) -> None:
+    async def end_batches(self, within: float = 90, workspaces: list[str] | None = None) -> None:
         """Cancel the stack's running batches and wait until they ended (terminating what did
-        not end in time), then terminate its route schedulers, which never end by themselves."""
+        not end in time), then terminate its route schedulers, which never end by themselves.
+        With `workspaces` (a lease's), only those workspaces' batches, and no scheduler."""
         temporal = await connect_client(self.temporal_address)
         query = f"TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
+        if workspaces is not None:
+            names = ", ".join(f"'{ws}'" for ws in workspaces)
+            query += f" AND {WORKSPACE.name} IN ({names})"
         running = [ex async for ex in temporal.list_workflows(query)]
         batches = [ex.id for ex in running if ex.workflow_type == "BatchWorkflow"]
         for batch_id in batches:
@@ -330,11 +411,61 @@ class Stack:
             for batch_id in await still_running():
                 with contextlib.suppress(RPCError):
                     await temporal.get_workflow_handle(batch_id).terminate("test stack stopped")
+        if workspaces is not None:
+            return
         for route in self.route_sims:  # every route it had, also those since removed
             with contextlib.suppress(RPCError):  # never started, or already ended
                 await temporal.get_workflow_handle(scheduler_workflow_id(route)).terminate(
                     "test stack stopped"
                 )
+
+
+class SharedStacks:
+    """The session's shared stacks: one started `Stack` per distinct set of options, leased
+    test by test (`lease`); a stack whose tenants are all leased is replaced by a new one."""
+
+    TENANTS = 64
+
+    def __init__(self, tmp: Path, temporal_address: str) -> None:
+        self.tmp = tmp
+        self.temporal_address = temporal_address
+        self.stacks: dict[str, Stack] = {}
+        self.retired: list[Stack] = []
+
+    async def stack(self, workers: int = 1, **options: Any) -> Stack:
+        """The started shared stack of these options, with a tenant left to lease."""
+        key = repr((workers, sorted(options.items())))
+        s = self.stacks.get(key)
+        spent = s is not None and s.leased >= len(s.tenants)
+        if s is not None and (spent or not all(c.running for c in [s.api, *s.workers])):
+            self.retired.append(self.stacks.pop(key))
+            await s.stop()
+            s = None
+        if s is None:
+            tmp = self.tmp / f"shared{len(self.stacks) + len(self.retired)}"
+            tmp.mkdir()
+            s = Stack(tmp, self.temporal_address, tenants=self.TENANTS, **options)
+            try:
+                await s.start(workers)
+            except BaseException:
+                await s.stop()
+                raise
+            self.stacks[key] = s
+        return s
+
+    @contextlib.asynccontextmanager
+    async def lease(self, workers: int = 1, **options: Any) -> AsyncIterator[Stack]:
+        """A lease of the shared stack of these options for the body of the `with`."""
+        leased = (await self.stack(workers, **options)).lease()
+        try:
+            yield leased
+        finally:
+            await leased.stop()
+
+    async def stop(self) -> None:
+        stacks, self.stacks = list(self.stacks.values()), {}
+        for s in stacks:
+            await s.stop()
 
 
 async def submit(stack: Stack, n: int, *, key: str = API_KEY, prefix: str = "req") -> str:

@@ -71,12 +71,15 @@ async def test_management_api_roles(stack: Stack) -> None:
             assert_error(resp, 401, code="invalid_api_key")
 
 
-async def test_pause_resume_cancel_of_another_workspaces_batch_is_404(stack: Stack) -> None:
+async def test_pause_resume_cancel_of_another_workspaces_batch_is_404(
+    shared_stack: Stack,
+) -> None:
+    stack = shared_stack
     batch_id = await submit(stack, 3, key=ALPHA, prefix="own")
     async with httpx.AsyncClient(timeout=60) as http:
         for action in ("pause", "resume", "cancel"):
             resp = await http.post(
-                f"{stack.api_url}/v1/batches/{batch_id}/{action}", headers=auth(BETA)
+                f"{stack.api_url}/v1/batches/{batch_id}/{action}", headers=stack.auth(BETA)
             )
             assert_error(resp, 404, param="batch_id")
     # None of it touched alpha's batch.
@@ -141,9 +144,12 @@ async def test_cancel_while_validating(make_stack: MakeStack, temporal_client: C
     assert "run_line" not in activity_names(history)
 
 
-async def test_a_failed_workflow_is_reported_failed(stack: Stack, temporal_client: Client) -> None:
+async def test_a_failed_workflow_is_reported_failed(
+    shared_stack: Stack, temporal_client: Client
+) -> None:
     """A batch workflow that fails (here: its pinned input is missing, so validation fails
     three times and the workflow raises) reads as `failed`, not as running forever."""
+    stack = shared_stack
     ws = stack.workspaces["alpha"]
     batch_id = new_batch_id(int(time.time() * 1000))
     created = int(time.time())

@@ -7,13 +7,14 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_terminal
+from tests.e2e.stack import Stack, assert_error, jsonl, submit, wait_terminal
 from tests.polling import poll_until
 
 ADMIN, AUDITOR = "sk-test-admin", "sk-test-auditor"
 
 
-async def test_admin_listing_filters_and_pages(stack: Stack) -> None:
+async def test_admin_listing_filters_and_pages(shared_stack: Stack) -> None:
+    stack = shared_stack
     alpha_done = await submit(stack, 2, key="sk-test-alpha", prefix="a")
     beta_done = await submit(stack, 2, key="sk-test-beta", prefix="b")
     # A batch that fails validation (an unknown model) in alpha.
@@ -36,7 +37,7 @@ async def test_admin_listing_filters_and_pages(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
 
         async def ids(key: str = AUDITOR, **params: Any) -> list[str]:
-            r = await http.get("/api/v1/admin/batches", headers=auth(key), params=params)
+            r = await http.get("/api/v1/admin/batches", headers=stack.auth(key), params=params)
             assert r.status_code == 200, r.text
             return [b["id"] for b in r.json()["data"]]
 
@@ -54,7 +55,7 @@ async def test_admin_listing_filters_and_pages(stack: Stack) -> None:
         assert await ids(workspace=ws["alpha"], model="demo") == [alpha_done]
         # Created range: nothing after the newest, everything of alpha from the oldest on.
         created = {
-            b: (await http.get(f"/api/v1/admin/batches/{b}", headers=auth(AUDITOR))).json()[
+            b: (await http.get(f"/api/v1/admin/batches/{b}", headers=stack.auth(AUDITOR))).json()[
                 "created_at"
             ]
             for b in mine
@@ -75,7 +76,7 @@ async def test_admin_listing_filters_and_pages(stack: Stack) -> None:
             params: dict[str, Any] = {"limit": 1, **since}
             if after:
                 params["after"] = after
-            r = await http.get("/api/v1/admin/batches", headers=auth(ADMIN), params=params)
+            r = await http.get("/api/v1/admin/batches", headers=stack.auth(ADMIN), params=params)
             page = r.json()
             pages += [b["id"] for b in page["data"]]
             if not page["has_more"]:
@@ -85,14 +86,14 @@ async def test_admin_listing_filters_and_pages(stack: Stack) -> None:
         assert len(set(pages)) == len(pages)
         # Bad filters and members.
         resp = await http.get(
-            "/api/v1/admin/batches", headers=auth(ADMIN), params={"status": "sleeping"}
+            "/api/v1/admin/batches", headers=stack.auth(ADMIN), params={"status": "sleeping"}
         )
         assert_error(resp, 400, param="status")
-        resp = await http.get("/api/v1/admin/batches", headers=auth("sk-test-alpha"))
+        resp = await http.get("/api/v1/admin/batches", headers=stack.auth("sk-test-alpha"))
         assert_error(resp, 403, code="insufficient_role", type_="permission_error")
         # Files per workspace: metadata only, never another workspace's.
         r = await http.get(
-            "/api/v1/admin/files", headers=auth(AUDITOR), params={"workspace": ws["beta"]}
+            "/api/v1/admin/files", headers=stack.auth(AUDITOR), params={"workspace": ws["beta"]}
         )
         names = {f["filename"] for f in r.json()["data"]}
         assert "bad.jsonl" not in names and names, names

@@ -11,7 +11,8 @@ from openai.types.chat import ChatCompletion
 from tests.e2e.stack import Stack, input_ids, jsonl, watch_until_terminal
 
 
-async def test_a_400_line_batch_completes_exactly_once(stack: Stack) -> None:
+async def test_a_400_line_batch_completes_exactly_once(shared_stack: Stack) -> None:
+    stack = shared_stack
     client = stack.client()
     n = 400
     f = await client.files.create(file=("in.jsonl", jsonl(n)), purpose="batch")
@@ -64,12 +65,13 @@ async def test_a_400_line_batch_completes_exactly_once(stack: Stack) -> None:
 
 
 @pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-async def test_a_responses_batch_gives_sdk_response_records(stack: Stack) -> None:
+async def test_a_responses_batch_gives_sdk_response_records(shared_stack: Stack) -> None:
     """A batch on `/v1/responses` (added through the endpoint registry): lines validated with
     `input`, records that parse as the SDK's `Response`, usage from its `input_tokens` and
     `output_tokens`."""
     from openai.types.responses import Response
 
+    stack = shared_stack
     client = stack.client()
     lines = [
         {

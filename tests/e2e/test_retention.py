@@ -21,8 +21,8 @@ from worker.retention import schedule_id
 pytestmark = pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 
 
-async def test_inputs_expire_after_30_days_or_as_the_upload_asks(stack: Stack) -> None:
-    client = stack.client()
+async def test_inputs_expire_after_30_days_or_as_the_upload_asks(shared_stack: Stack) -> None:
+    client = shared_stack.client()
     f = await client.files.create(file=("a.jsonl", jsonl(1)), purpose="batch")
     assert f.expires_at == f.created_at + 30 * 86400
     g = await client.files.create(
@@ -94,8 +94,8 @@ async def test_the_schedule_deletes_expired_files_and_a_finished_batch_keeps_onl
         await handle.delete()
 
 
-async def test_output_expires_after_and_a_long_non_ascii_file_name(stack: Stack) -> None:
-    client = stack.client()
+async def test_output_expires_after_and_a_long_non_ascii_file_name(shared_stack: Stack) -> None:
+    client = shared_stack.client()
     f = await client.files.create(file=("名前" * 128 + ".jsonl", jsonl(2)), purpose="batch")
     batch = await client.batches.create(
         input_file_id=f.id,

@@ -45,23 +45,26 @@ async def _started_input(client: Client, batch_id: str) -> dict[str, Any]:
     return json.loads(started.input.payloads[0].data)  # type: ignore[no-any-return]
 
 
-async def test_restricted_key(stack: Stack, temporal_client: Client) -> None:
+async def test_restricted_key(shared_stack: Stack, temporal_client: Client) -> None:
     """A key limited to model `other` may not use `demo`: its batch fails validation
     (`unknown_model` on every line), its live request is 404 as for an unknown model, and `demo` is
     not in its model list. The batch's input holds the identity snapshot."""
+    stack = shared_stack
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
-        models = (await http.get("/v1/models", headers=auth(LIMITED))).json()["data"]
+        models = (await http.get("/v1/models", headers=stack.auth(LIMITED))).json()["data"]
         assert models == []
-        everyone = (await http.get("/v1/models", headers=auth(ALPHA))).json()["data"]
+        everyone = (await http.get("/v1/models", headers=stack.auth(ALPHA))).json()["data"]
         assert [m["id"] for m in everyone] == ["demo"]
-        resp = await http.get("/v1/models/demo", headers=auth(LIMITED))
+        resp = await http.get("/v1/models/demo", headers=stack.auth(LIMITED))
         assert_error(resp, 404, param="model", code="model_not_found")
-        resp = await http.post("/v1/chat/completions", headers=auth(LIMITED), json=CHAT)
+        resp = await http.post("/v1/chat/completions", headers=stack.auth(LIMITED), json=CHAT)
         assert_error(resp, 404, param="model", code="model_not_found")
-        assert (await http.post("/v1/chat/completions", headers=auth(ALPHA), json=CHAT)).is_success
+        assert (
+            await http.post("/v1/chat/completions", headers=stack.auth(ALPHA), json=CHAT)
+        ).is_success
 
-        file_id = (await _upload(http, LIMITED, jsonl(2, model="demo"))).json()["id"]
-        created = await _create(http, LIMITED, file_id)
+        file_id = (await _upload(http, stack.key(LIMITED), jsonl(2, model="demo"))).json()["id"]
+        created = await _create(http, stack.key(LIMITED), file_id)
         assert created.status_code == 200, created.text
         batch_id = created.json()["id"]
     batch = await wait_terminal(stack.client(LIMITED), batch_id, within=120)
@@ -75,8 +78,8 @@ async def test_restricted_key(stack: Stack, temporal_client: Client) -> None:
     assert snapshot["workspace"] == stack.workspaces["limited"]
     assert snapshot["allowed_models"] == ["other"]
     assert snapshot["role"] == "member"
-    assert snapshot["key_id"] == f"key_{hash_key(LIMITED)[:12]}"
-    assert LIMITED not in json.dumps(snapshot)
+    assert snapshot["key_id"] == f"key_{hash_key(stack.key(LIMITED))[:12]}"
+    assert stack.key(LIMITED) not in json.dumps(snapshot)
 
 
 async def test_revoked_key_does_not_stop_an_accepted_batch(stack: Stack) -> None:

@@ -123,8 +123,8 @@ async def test_connection_refused_ends_in_the_error_file(faulty: Stack) -> None:
         assert e["response"] is None and e["error"]["code"] == "connection_error", e
 
 
-async def test_completions_and_embeddings_endpoints(stack: Stack) -> None:
-    client = stack.client()
+async def test_completions_and_embeddings_endpoints(shared_stack: Stack) -> None:
+    client = shared_stack.client()
     for endpoint, model in (
         ("/v1/completions", Completion),
         ("/v1/embeddings", CreateEmbeddingResponse),
