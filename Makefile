@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-s3 fmt lint lock clean promtool chromium
+.PHONY: venv run check test test-s3 fmt lint lock clean promtool chromium
 
 venv: $(STAMP)
 
@@ -61,6 +61,11 @@ chromium:
 		echo "chromium is missing. Install it with: sudo apt-get install -y chromium" >&2; exit 1; \
 	fi; \
 	[ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
+
+# The fast tier (docs/developing.md): lint, types, and the tests without the e2e stack (unit,
+# workflows), within 3 minutes. make test is the whole suite and what CI runs.
+check: lint promtool
+	$(BIN)/pytest -q --durations=5 tests/unit tests/workflows
 
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
 # A run that collected no test fails (pytest exits 5): a green run must have tested something.

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from openai.types import Batch as SDKBatch
 
-from tests.e2e.stack import Stack, assert_error, auth, jsonl, wait_terminal
+from tests.e2e.stack import SharedStacks, Stack, assert_error, jsonl, wait_terminal
 from tests.polling import poll_until
 
 ALPHA, BETA, GAMMA = "sk-test-alpha", "sk-test-beta", "sk-test-gamma"
@@ -28,9 +28,10 @@ TINY_LINE = (
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def stack(tmp_path_factory: pytest.TempPathFactory, dev_server: Any) -> AsyncIterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("batches-api"), dev_server.address)
-    async with s.running():
+async def stack(shared_stacks: SharedStacks) -> AsyncIterator[Stack]:
+    """One lease of the session's default stack for the module (its tests keep to their own
+    workspaces: alpha and beta for the checks, gamma for the listing)."""
+    async with shared_stacks.lease() as s:
         yield s
 
 
@@ -109,9 +110,11 @@ def create_body(file_id: str, **over: Any) -> dict[str, Any]:
     ],
 )
 async def test_create_rejects_bad_parameters(
-    http: httpx.AsyncClient, alpha_file: str, over: dict[str, Any], param: str
+    stack: Stack, http: httpx.AsyncClient, alpha_file: str, over: dict[str, Any], param: str
 ) -> None:
-    resp = await http.post("/v1/batches", headers=auth(), json=create_body(alpha_file, **over))
+    resp = await http.post(
+        "/v1/batches", headers=stack.auth(), json=create_body(alpha_file, **over)
+    )
     assert_error(resp, 400, param=param)
 
 
@@ -119,10 +122,12 @@ async def test_create_rejects_bad_parameters(
     "content",
     [b"not json", b'{"input_file_id": ', b"[1, 2]", b'["input_file_id"]', b'"24h"', b"3", b""],
 )
-async def test_create_rejects_non_object_body(http: httpx.AsyncClient, content: bytes) -> None:
+async def test_create_rejects_non_object_body(
+    stack: Stack, http: httpx.AsyncClient, content: bytes
+) -> None:
     resp = await http.post(
         "/v1/batches",
-        headers={**auth(), "Content-Type": "application/json"},
+        headers={**stack.auth(), "Content-Type": "application/json"},
         content=content,
     )
     assert_error(resp, 400, param=None)
@@ -133,9 +138,11 @@ async def test_create_rejects_non_object_body(http: httpx.AsyncClient, content: 
     [({"limit": "abc"}, "limit"), ({"limit": "1.5"}, "limit"), ({"limit": ""}, "limit")],
 )
 async def test_list_rejects_query_of_the_wrong_type(
-    http: httpx.AsyncClient, params: dict[str, str], param: str
+    stack: Stack, http: httpx.AsyncClient, params: dict[str, str], param: str
 ) -> None:
-    assert_error(await http.get("/v1/batches", headers=auth(), params=params), 400, param=param)
+    assert_error(
+        await http.get("/v1/batches", headers=stack.auth(), params=params), 400, param=param
+    )
 
 
 async def test_create_with_sdk_bad_window_raises_bad_request(stack: Stack, alpha_file: str) -> None:
@@ -154,7 +161,7 @@ async def test_create_with_sixteen_metadata_pairs_is_accepted(
     meta = {f"k{i:02d}": "v" * 512 for i in range(16)}
     meta["k" * 64] = meta.pop("k00")
     resp = await http.post(
-        "/v1/batches", headers=auth(), json=create_body(alpha_file, metadata=meta)
+        "/v1/batches", headers=stack.auth(), json=create_body(alpha_file, metadata=meta)
     )
     assert resp.status_code == 200, resp.text
     b = SDKBatch.model_validate(resp.json())
@@ -168,10 +175,10 @@ async def test_create_with_unknown_or_foreign_file_is_404(
     stack: Stack, http: httpx.AsyncClient, alpha_file: str
 ) -> None:
     for file_id in ("file-doesnotexist", "nonsense", "file-../../etc"):
-        resp = await http.post("/v1/batches", headers=auth(), json=create_body(file_id))
+        resp = await http.post("/v1/batches", headers=stack.auth(), json=create_body(file_id))
         assert_error(resp, 404, param="input_file_id", code="invalid_file")
     # alpha's file, used by beta
-    resp = await http.post("/v1/batches", headers=auth(BETA), json=create_body(alpha_file))
+    resp = await http.post("/v1/batches", headers=stack.auth(BETA), json=create_body(alpha_file))
     assert_error(resp, 404, param="input_file_id", code="invalid_file")
     with pytest.raises(openai.NotFoundError):
         await stack.client(BETA).batches.create(
@@ -193,7 +200,7 @@ async def test_create_from_batch_output_file_is_400(
     outputs = await client.files.list(purpose="batch_output")
     assert finished.output_file_id in {f.id for f in outputs.data}
     assert all(f.purpose == "batch_output" for f in outputs.data)
-    resp = await http.post("/v1/batches", headers=auth(), json=create_body(out.id))
+    resp = await http.post("/v1/batches", headers=stack.auth(), json=create_body(out.id))
     assert_error(resp, 400, param="input_file_id")
     # The simulator counts requests per batch: this one sent its 2 lines (which makes the
     # "no line was sent" checks below meaningful).
@@ -203,7 +210,7 @@ async def test_create_from_batch_output_file_is_400(
 # ---- retrieve / cancel -------------------------------------------------------------------------
 
 
-async def test_unknown_batch_is_404_never_500(http: httpx.AsyncClient) -> None:
+async def test_unknown_batch_is_404_never_500(stack: Stack, http: httpx.AsyncClient) -> None:
     unknown = (
         "batch_doesnotexist",
         "nonsense",
@@ -216,12 +223,12 @@ async def test_unknown_batch_is_404_never_500(http: httpx.AsyncClient) -> None:
     )
     for batch_id in unknown:
         assert_error(
-            await http.get(f"/v1/batches/{batch_id}", headers=auth()),
+            await http.get(f"/v1/batches/{batch_id}", headers=stack.auth()),
             404,
             param="batch_id",
         )
         assert_error(
-            await http.post(f"/v1/batches/{batch_id}/cancel", headers=auth()),
+            await http.post(f"/v1/batches/{batch_id}/cancel", headers=stack.auth()),
             404,
             param="batch_id",
         )
@@ -235,12 +242,14 @@ async def test_other_workspaces_batch_is_404_on_retrieve_and_cancel(
     live = await alpha.batches.create(
         input_file_id=alpha_file, endpoint=ENDPOINT, completion_window="24h"
     )
-    paused = await http.post(f"/v1/batches/{live.id}/pause", headers=auth())
+    paused = await http.post(f"/v1/batches/{live.id}/pause", headers=stack.auth())
     assert paused.status_code == 200, paused.text
     assert paused.json()["backfill"]["paused"] is True
     for batch_id in (live.id, finished.id):
         for method, path in (("GET", ""), ("POST", "/cancel")):
-            resp = await http.request(method, f"/v1/batches/{batch_id}{path}", headers=auth(BETA))
+            resp = await http.request(
+                method, f"/v1/batches/{batch_id}{path}", headers=stack.auth(BETA)
+            )
             assert_error(resp, 404, param="batch_id")
         with pytest.raises(openai.NotFoundError):
             await stack.client(BETA).batches.retrieve(batch_id)
@@ -248,12 +257,12 @@ async def test_other_workspaces_batch_is_404_on_retrieve_and_cancel(
     # beta's cancel touched nothing: the live batch is still going, and completes once resumed
     still = await alpha.batches.retrieve(live.id)
     assert still.status in ("validating", "in_progress") and still.cancelling_at is None, still
-    resumed = await http.post(f"/v1/batches/{live.id}/resume", headers=auth())
+    resumed = await http.post(f"/v1/batches/{live.id}/resume", headers=stack.auth())
     assert resumed.status_code == 200, resumed.text
     done = await wait_terminal(alpha, live.id, within=60)
     assert done.status == "completed" and done.cancelling_at is None
     # The owner cancelling a finished batch is a conflict, not a 404.
-    resp = await http.post(f"/v1/batches/{finished.id}/cancel", headers=auth())
+    resp = await http.post(f"/v1/batches/{finished.id}/cancel", headers=stack.auth())
     assert_error(resp, 409, param=None, code="invalid_batch_status")
 
 
@@ -314,7 +323,7 @@ async def test_list_newest_first_pages_past_100(stack: Stack, http: httpx.AsyncC
         params: dict[str, Any] = {"limit": 10}
         if after is not None:
             params["after"] = after
-        resp = await http.get("/v1/batches", headers=auth(GAMMA), params=params)
+        resp = await http.get("/v1/batches", headers=stack.auth(GAMMA), params=params)
         assert resp.status_code == 200, resp.text
         page = resp.json()
         pages += 1
@@ -340,7 +349,7 @@ async def test_list_newest_first_pages_past_100(stack: Stack, http: httpx.AsyncC
     assert [b.id for b in exact.data] == newest_first[100:] and exact.has_more is False
 
     # default limit is 20
-    default = (await http.get("/v1/batches", headers=auth(GAMMA))).json()
+    default = (await http.get("/v1/batches", headers=stack.auth(GAMMA))).json()
     assert [b["id"] for b in default["data"]] == newest_first[:20] and default["has_more"]
 
     # the SDK's auto-pagination with a smaller page
@@ -355,10 +364,10 @@ async def test_list_newest_first_pages_past_100(stack: Stack, http: httpx.AsyncC
         ({"limit": 101}, "limit"),
         ({"after": "batch_doesnotexist"}, "after"),
     ):
-        resp = await http.get("/v1/batches", headers=auth(GAMMA), params=params)
+        resp = await http.get("/v1/batches", headers=stack.auth(GAMMA), params=params)
         assert_error(resp, 400, param=param)
     # paging after another workspace's batch is refused like an unknown id
-    resp = await http.get("/v1/batches", headers=auth(BETA), params={"after": created[0]})
+    resp = await http.get("/v1/batches", headers=stack.auth(BETA), params={"after": created[0]})
     assert_error(resp, 400, param="after")
 
 
@@ -438,7 +447,7 @@ async def test_invalid_inputs_fail_the_batch_and_send_nothing(stack: Stack) -> N
 
     # The failed batch reads the same over raw HTTP, errors in OpenAI's shape.
     async with httpx.AsyncClient(base_url=stack.api_url, trust_env=False) as http:
-        raw = (await http.get(f"/v1/batches/{batches['mixed']}", headers=auth())).json()
+        raw = (await http.get(f"/v1/batches/{batches['mixed']}", headers=stack.auth())).json()
     assert raw["status"] == "failed"
     assert raw["errors"]["object"] == "list"
     assert [(e["code"], e["line"]) for e in raw["errors"]["data"]] == [
