@@ -16,7 +16,13 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from backfill.messages import FinalizeInput, FinalizeOutput
-from backfill.records import END_MESSAGES, custom_id_of, error_record_bytes, outcome_from_record
+from backfill.records import (
+    END_MESSAGES,
+    custom_id_of,
+    error_record_bytes,
+    one_line,
+    outcome_from_record,
+)
 from backfill.store import Store, Upload
 
 
@@ -72,6 +78,7 @@ class FinalizeActivities:
                     )
                 if outcome.usage is not None:
                     usage.add(outcome.usage)
+                data = one_line(data)  # also a record committed before records were escaped
                 if outcome.ok:
                     out.completed += 1
                     ok_up.write(data + b"\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from typing import Any
+from typing import Any, overload
 
 from backfill import strict_json
 from backfill.batches import TokenCounts
@@ -51,6 +51,30 @@ def new_record_id() -> str:
     return f"batch_req_{secrets.token_hex(12)}"
 
 
+_LINE_BREAKS = (
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+    (b"\xc2\x85", b"\\u0085"),
+)
+"""U+2028, U+2029 and U+0085 in UTF-8, and their JSON escapes."""
+
+
+@overload
+def one_line(data: bytes) -> bytes: ...
+@overload
+def one_line(data: bytearray) -> bytearray: ...
+def one_line(data: bytes | bytearray) -> bytes | bytearray:
+    """A UTF-8 JSON record with U+2028 (line separator), U+2029 (paragraph separator) and U+0085
+    (next line) escaped, so that every reader sees it as one line: JSON allows the three raw in
+    a string, and `str.splitlines()` (how many people read a JSONL file) ends a line at each.
+    Outside strings JSON has only ASCII, and UTF-8 never hides these bytes inside another
+    character, so replacing the bytes leaves the same JSON value. Copies only when one occurs."""
+    for raw, escaped in _LINE_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def error_record(
     custom_id: str, code: str, message: str, record_id: str | None = None
 ) -> dict[str, Any]:
@@ -74,7 +98,8 @@ def response_record_bytes(
 ) -> bytes:
     """A response record around a body that is already valid JSON (text, or its UTF-8 bytes as
     they came off the wire), spliced in as is: an 8 MB answer is neither parsed into objects
-    and dumped again nor copied more than once to be written."""
+    and dumped again nor copied more than once to be written (twice when it holds a character
+    `one_line` escapes)."""
     head = json.dumps(
         {"id": new_record_id(), "custom_id": custom_id}, separators=(",", ":"), ensure_ascii=False
     )
@@ -83,7 +108,7 @@ def response_record_bytes(
     )
     body = body_json.encode() if isinstance(body_json, str) else body_json
     prefix = f'{head[:-1]},"response":{response_head[:-1]},"body":'.encode()
-    return b"".join((prefix, body, b'},"error":null}'))
+    return b"".join((one_line(prefix), one_line(body), b'},"error":null}'))
 
 
 def outcome_from_record(line_no: int, data: bytes) -> LineOutcome:

@@ -381,7 +381,8 @@ def retry(
     if not batch.error_file_id:
         raise CommandError(f"Nothing to retry: {batch_id} has no error file (no line failed).")
     error_text = conn.openai.files.content(batch.error_file_id).text
-    records = [json.loads(line) for line in error_text.splitlines() if line.strip()]
+    # JSONL lines end at "\n" only: str.splitlines() would also cut at a U+2028 inside a string.
+    records = [json.loads(line) for line in error_text.split("\n") if line.strip()]
     custom_ids = to_retry(records, kinds, skip)
     if not custom_ids:
         raise CommandError(f"Nothing to retry: {batch_id} has no {what}.")

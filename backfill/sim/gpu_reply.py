@@ -1,16 +1,31 @@
 """GPU mode's chat/completions bodies, token by token (pure: dicts and SSE bytes, no I/O).
 
 The reply to a prompt is ``Simulated`` followed by the prompt's words, repeated as long as the
-request's token count asks; one word is one token.
+request's token count asks; one word is one token. Words are split at ASCII whitespace only, so a
+prompt's U+2028 or U+0085 comes back in the answer, as a real model's can; bodies are UTF-8 JSON
+with non-ASCII characters unescaped, as vLLM sends them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+_ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def split_words(text: str) -> list[str]:
+    """The words of a prompt (one a token): split at ASCII whitespace only."""
+    return [w for w in _ASCII_SPACE.split(text) if w]
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, non-ASCII unescaped (like vLLM's bodies)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 @dataclass
@@ -34,7 +49,7 @@ class GpuReply:
             "created": int(time.time()),
             "model": self.model,
         }
-        self._words = [["Simulated", *p.split()] for p in self.prompts]
+        self._words = [["Simulated", *split_words(p)] for p in self.prompts]
 
     def piece(self, choice: int, j: int) -> str:
         """Token ``j`` of a choice, with its leading space."""
@@ -55,7 +70,7 @@ class GpuReply:
         obj = {**self.head, "choices": choices}
         if usage is not None:
             obj["usage"] = usage
-        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+        return b"data: " + dumps(obj) + b"\n\n"
 
     def token_events(self, j: int) -> bytes:
         """The SSE events carrying token ``j`` of every choice."""

@@ -48,7 +48,7 @@ from backfill.sim.gpu import (
     SequenceTooLong,
     TrafficClass,
 )
-from backfill.sim.gpu_reply import GpuReply
+from backfill.sim.gpu_reply import GpuReply, dumps, split_words
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
@@ -349,7 +349,7 @@ def _parse(spec: EndpointSpec, body: bytes) -> _Req:
 
 
 def _reply(prefix: str, text: str, limit: int | None) -> tuple[list[str], str]:
-    words = [prefix, *text.split()][:_REPLY_WORDS]
+    words = [prefix, *split_words(text)][:_REPLY_WORDS]
     if limit is not None and limit < len(words):
         return words[:limit], "length"
     return words, "stop"
@@ -383,7 +383,7 @@ async def _send_body(
 
 
 async def _send_json(send: Send, status: int, obj: Any, headers: Sequence[Header] = ()) -> int:
-    body = json.dumps(obj, separators=(",", ":")).encode()
+    body = dumps(obj)
     return await _send_body(send, status, body, b"application/json", headers)
 
 
@@ -606,7 +606,7 @@ class SimApp:
 
     async def _respond(self, req: _Req, hdrs: list[Header], receive: Receive, send: Send) -> int:
         st, n = self.stats, req.n
-        prompt_tokens = max(1, sum(len(t.split()) for t in req.texts))
+        prompt_tokens = max(1, sum(len(split_words(t)) for t in req.texts))
         st.prompt_tokens += prompt_tokens
         if req.kind == _EMBEDDINGS:
             st.success_by_reason["stop"] += 1
@@ -697,7 +697,7 @@ class SimApp:
         for event in events():
             if delay > 0 and not await _until_disconnect(asyncio.sleep(delay), receive):
                 return _ABORTED  # the client left mid-stream: stop generating, like vLLM
-            data = b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+            data = b"data: " + dumps(event) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         self.stats.served(req, usage)
@@ -741,7 +741,7 @@ class SimApp:
         """GPU mode: the request becomes one engine sequence; each token is sent (streaming) as
         the step that made it completes."""
         st, chat, emb = self.stats, req.kind == _CHAT, req.kind == _EMBEDDINGS
-        prompt_tokens = max(1, sum(len(t.split()) for t in req.texts))
+        prompt_tokens = max(1, sum(len(split_words(t)) for t in req.texts))
         max_new = 0 if emb else (req.max_tokens or engine.config.default_output_tokens)
         seq = GpuSequence(prompt_tokens, max_new, req.priority, traffic, "priority" in req.raw)
         if fault_delay > 0 and not await _until_disconnect(asyncio.sleep(fault_delay), receive):

@@ -16,7 +16,7 @@ from activities.finalizing import FinalizeActivities
 from activities.lines import RETRYABLE_STATUS
 from backfill import strict_json
 from backfill.messages import FinalizeInput
-from backfill.records import outcome_from_record, usage_of
+from backfill.records import one_line, outcome_from_record, response_record_bytes, usage_of
 from tests.unit.test_run_line import BATCH, line, make, record, run
 
 
@@ -236,3 +236,24 @@ def test_an_answer_is_written_byte_for_byte_as_the_upstream_sent_it(tmp_path: Pa
     assert data.count(raw) == 1 and data.endswith(raw + b'},"error":null}')
     rec = record(store)
     assert rec["response"]["body"] == json.loads(raw) and rec["error"] is None
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(alphabet=st.characters()),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
+        max_leaves=12,
+    ),
+    st.text(alphabet=st.sampled_from("a\u2028\u2029\u0085\n")),
+)
+def test_a_record_is_one_line_for_str_splitlines_and_holds_the_same_json(
+    body: object, custom_id: str
+) -> None:
+    """U+2028, U+2029 and U+0085 are legal raw in a JSON string (vLLM sends them so) and end a
+    line for `str.splitlines()`: a record is written with them escaped, same value."""
+    wire = json.dumps(body, ensure_ascii=False).encode()
+    data = response_record_bytes(custom_id, 200, "req-1", wire)
+    (text,) = data.decode().splitlines()
+    record = json.loads(text)
+    assert record["custom_id"] == custom_id and record["response"]["body"] == body
+    assert one_line(b"\xe2\x80\xa8\xc2\x85x\xe2\x80\xa9") == b"\\u2028\\u0085x\\u2029"
