@@ -1,10 +1,17 @@
 """The api's side of per-workspace admission (decision 0020): reserve a batch's slot in the
 workspace's `AdmissionWorkflow` before starting the batch, release it when the start failed,
-and read the pinned inputs it holds for the storage quota."""
+and read the pinned inputs it holds for the storage quota.
+
+Limits hold whatever the workers do (decision 0027): the admission workflow is the only count,
+so when it does not answer (no worker polls, a backlog) the create or the upload that needs it
+is refused with 503 `admission_unavailable` and `Retry-After`, never admitted by a guess."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 from temporalio.client import (
@@ -15,9 +22,8 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.errors import TemporalUnavailable, TooManyRequests
+from api.errors import RetryLater, TooManyRequests
 from api.history_view import quick_query
-from backfill import search_attributes as sa
 from backfill.admission import (
     AdmissionInput,
     ReleaseRequest,
@@ -31,14 +37,61 @@ from backfill.refs import AdmissionWorkflow
 log = logging.getLogger(__name__)
 
 RESERVE_TIMEOUT = timedelta(seconds=5)
-"""How long a create waits for the admission workflow's answer. It needs a worker (its workflow
-task shares the task queue with every batch's); when none answers in time, the create is
-admitted by Temporal's visibility count instead (`_admit_by_visibility`), so creating a batch
-never depends on a worker being up."""
+"""How long one reserve call waits for the admission workflow's answer. It needs a worker (its
+workflow task shares the task queue with every batch's)."""
+
+TURN_WAIT = 60.0
+"""The most a create waits for its turn in this process (a burst in one workspace), in seconds."""
+
+RETRY_AFTER_SECONDS = 10
+"""`Retry-After` of a 503 `admission_unavailable`: a worker restart or a short backlog."""
+
+IN_FLIGHT_PER_WORKSPACE = 4
+"""Reserve calls one api process has in flight per workspace at once. Temporal refuses more than
+10 in-flight updates per workflow (RESOURCE_EXHAUSTED); the rest of a burst waits its turn here,
+and a refusal caused by other api processes is retried within `RESERVE_TIMEOUT`."""
+
+_RETRY_PAUSE = 0.05
+"""First pause before trying again after RESOURCE_EXHAUSTED (doubling, at most 1 s)."""
+
+_turns: dict[str, asyncio.Semaphore] = {}
+_unanswered: dict[str, float] = {}
+"""When (event-loop time) a reserve of the workspace last went unanswered in this process: the
+creates that were waiting their turn then are refused at once, not after 5 s each."""
+
+
+def _no_answer(workspace: str, what: str) -> RetryLater:
+    return RetryLater(
+        f"Workspace {workspace!r}'s admission did not answer in time, so {what} cannot be "
+        f"counted against its limits now (no worker is polling, or they are behind); "
+        f"try again in {RETRY_AFTER_SECONDS} s.",
+        retry_after=RETRY_AFTER_SECONDS,
+        code="admission_unavailable",
+    )
+
+
+@asynccontextmanager
+async def _turn(workspace: str) -> AsyncIterator[None]:
+    """Hold one of this process's `IN_FLIGHT_PER_WORKSPACE` reserve slots of `workspace`; 503
+    when a reserve went unanswered while this one waited."""
+    gate = _turns.setdefault(workspace, asyncio.Semaphore(IN_FLIGHT_PER_WORKSPACE))
+    asked = asyncio.get_running_loop().time()
+    try:
+        await asyncio.wait_for(gate.acquire(), TURN_WAIT)
+    except TimeoutError:
+        raise _no_answer(workspace, "this batch") from None
+    try:
+        if _unanswered.get(workspace, float("-inf")) >= asked:
+            raise _no_answer(workspace, "this batch")
+        yield
+    finally:
+        gate.release()
 
 
 async def reserve(client: Client, settings: Settings, workspace: str, req: ReserveRequest) -> None:
-    """Take a slot for `req.batch_id`, or raise 429 naming the limit that refused it."""
+    """Take a slot for `req.batch_id`, or raise 429 naming the limit that refused it, or 503
+    `admission_unavailable` (with `Retry-After`) when the admission workflow did not answer
+    within `RESERVE_TIMEOUT`."""
     start = WithStartWorkflowOperation(
         AdmissionWorkflow.run,
         AdmissionInput(workspace=workspace, check_seconds=settings.scheduler_reconcile_seconds),
@@ -47,18 +100,32 @@ async def reserve(client: Client, settings: Settings, workspace: str, req: Reser
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         static_summary=f"Admission of workspace {workspace}'s batches",
     )
-    try:
-        result = await client.execute_update_with_start_workflow(
-            AdmissionWorkflow.reserve,
-            req,
-            start_workflow_operation=start,
-            rpc_timeout=RESERVE_TIMEOUT,
-        )
-    except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
-        if isinstance(err, RPCError) and err.status not in _NO_ANSWER:
-            raise
-        await _admit_by_visibility(client, workspace, req)
-        return
+    async with _turn(workspace):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESERVE_TIMEOUT.total_seconds()
+        pause = _RETRY_PAUSE
+        while True:
+            left = deadline - loop.time()
+            try:
+                result = await client.execute_update_with_start_workflow(
+                    AdmissionWorkflow.reserve,
+                    req,
+                    start_workflow_operation=start,
+                    rpc_timeout=timedelta(seconds=max(0.5, left)),
+                )
+                break
+            except RPCError as err:
+                if err.status == RPCStatusCode.RESOURCE_EXHAUSTED and left > pause:
+                    await asyncio.sleep(pause)  # other processes' updates in flight: a turn
+                    pause = min(1.0, pause * 2)
+                    continue
+                if err.status not in _NO_ANSWER + (RPCStatusCode.RESOURCE_EXHAUSTED,):
+                    raise
+            except WorkflowUpdateRPCTimeoutOrCancelledError:
+                pass
+            _unanswered[workspace] = loop.time()
+            await _gave_up(client, workspace, req.batch_id)
+            raise _no_answer(workspace, "this batch")
     if result.refused_by == "max_active_batches":
         raise TooManyRequests(
             f"Workspace {workspace!r} already has {result.active} batches queued or running, "
@@ -71,6 +138,15 @@ async def reserve(client: Client, settings: Settings, workspace: str, req: Reser
             f"this batch's {req.lines} more would pass its limit of {req.max_queued_lines}.",
             code="line_limit_exceeded",
         )
+    if not result.accepted:  # released before it was decided: only a retried create sees this
+        raise _no_answer(workspace, "this batch")
+
+
+async def _gave_up(client: Client, workspace: str, batch_id: str) -> None:
+    """The create answers 503, but its update may still be decided once a worker polls: release
+    it now, so the workflow drops the reservation, or refuses it when it comes later."""
+    log.warning("no answer to the admission of %s in %s: refused 503", batch_id, workspace)
+    await release(client, workspace, batch_id)
 
 
 async def release(client: Client, workspace: str, batch_id: str) -> None:
@@ -84,47 +160,21 @@ async def release(client: Client, workspace: str, batch_id: str) -> None:
 
 
 async def held(client: Client, workspace: str) -> list[Reservation]:
-    """The workspace's reservations (none when it never created a batch).
-
-    An upload must not depend on a worker being up: when no worker answers in time, this is
-    empty (logged), and the storage count leaves out the pinned inputs of deleted files until a
-    worker answers again (docs/configuration.md)."""
+    """The workspace's reservations (none when it never created a batch), so the storage quota
+    counts the pinned inputs of its running batches. When the admission workflow does not answer
+    in time this is 503 `admission_unavailable`: an upload under a storage limit is not counted
+    without them (decision 0027)."""
     handle = client.get_workflow_handle_for(AdmissionWorkflow.run, admission_workflow_id(workspace))
     try:
         view = await quick_query(handle, AdmissionWorkflow.holdings)
     except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            log.warning(
-                "storage count of %s without its batches' pinned inputs: %s", workspace, err
-            )
-        return []
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return []
+        if err.status in _NO_ANSWER or err.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+            raise _no_answer(workspace, "this upload") from None
+        raise
     return view.reservations
 
 
 _NO_ANSWER = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE)
 """An update nobody answered in time (no worker polls the task queue): Temporal itself may be up."""
-
-
-async def _admit_by_visibility(client: Client, workspace: str, req: ReserveRequest) -> None:
-    """Admission while no worker answers: the active-batch limit checked against Temporal's
-    visibility count (it lags by up to a second, so creates racing in that moment may pass the
-    limit by a few) and the queued-lines limit not checked. The batch gets no reservation: the
-    admission workflow counts it once a worker runs again only if its own check sees it, so the
-    count may be low by the batches admitted this way until they end (decision 0020)."""
-    log.warning("no worker answered the admission of %s in time: admitted by visibility", workspace)
-    if req.max_active_batches is None:
-        return
-    query = (
-        f"WorkflowType = 'BatchWorkflow' AND ExecutionStatus = 'Running' "
-        f"AND {sa.WORKSPACE.name} = '{sa.quote(workspace)}'"
-    )
-    try:
-        active = (await client.count_workflows(query)).count
-    except RPCError:
-        raise TemporalUnavailable("Temporal did not answer the batch admission.") from None
-    if active >= req.max_active_batches:
-        raise TooManyRequests(
-            f"Workspace {workspace!r} already has {active} batches queued or running, "
-            f"its limit is {req.max_active_batches}; wait for one to end before creating another.",
-            code="batch_limit_exceeded",
-        )

@@ -30,6 +30,9 @@ class APIError(Exception):
     status = 400
     type = "invalid_request_error"
 
+    headers: Mapping[str, str] | None = None
+    """Response headers the error sets (`Retry-After` on a 503 that says when to come back)."""
+
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -79,6 +82,14 @@ class Unavailable(APIError):
     type = "server_error"
 
 
+class RetryLater(Unavailable):
+    """A 503 that tells the client when to try again (`Retry-After`, whole seconds)."""
+
+    def __init__(self, message: str, *, retry_after: int, code: str) -> None:
+        super().__init__(message, code=code)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
 def invalid_request(error: Mapping[str, Any]) -> InvalidRequest:
     """A 400 in OpenAI's shape for one pydantic/FastAPI validation error.
 
@@ -121,7 +132,7 @@ TEMPORAL_TRANSIENT = frozenset(
 
 
 def _response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def install(app: FastAPI) -> None:

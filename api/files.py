@@ -99,7 +99,7 @@ def stored_bytes(store: Store, workspace: str, held: list[Reservation]) -> int:
 
 
 def storage_room(
-    settings: Settings, store: Store, workspace: str, held: list[Reservation] | None = None
+    settings: Settings, store: Store, workspace: str, held: list[Reservation]
 ) -> int | None:
     """Bytes the workspace may still store (None: no limit); 429 when there is no room at all.
     `held`: the workspace's admission reservations (`api.admission.held`), whose deleted
@@ -107,7 +107,7 @@ def storage_room(
     limit = settings.workspace_limits(workspace).max_stored_bytes
     if limit is None:
         return None
-    room = limit - stored_bytes(store, workspace, held or [])
+    room = limit - stored_bytes(store, workspace, held)
     if room <= 0:
         raise _storage_limit(limit, workspace)
     return room

@@ -19,12 +19,13 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from temporalio.client import Client, WorkflowExecution
 
-from api import audit, batches
+from api import admission, audit, batches
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
 from api.files import storage_room
 from api.schemas import COMMON_ERRORS, CreateBatch, CreateJob, JobList, error_responses
 from backfill import search_attributes as sa
+from backfill.admission import Reservation
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchError
 from backfill.config import Settings
 from backfill.input_rules import validate_input
@@ -85,7 +86,10 @@ async def create_job(
         )
     line = job_line(req.path, req.body)
     _check_line(line, req.path, settings, identity)
-    file = await asyncio.to_thread(_store_line, settings, store, identity.workspace, line)
+    workspace = identity.workspace
+    limit = settings.workspace_limits(workspace).max_stored_bytes
+    held = await admission.held(client, workspace) if limit is not None else []
+    file = await asyncio.to_thread(_store_line, settings, store, workspace, line, held)
     create = CreateBatch(
         input_file_id=file.id,
         endpoint=req.path,
@@ -121,9 +125,12 @@ def _invalid(error: BatchError) -> InvalidRequest:
     return InvalidRequest(error.message, param=param, code=error.code)
 
 
-def _store_line(settings: Settings, store: Store, workspace: str, line: bytes) -> StoredFile:
-    """Store the job's line as an input file of the workspace (as `POST /v1/files` would)."""
-    room = storage_room(settings, store, workspace)
+def _store_line(
+    settings: Settings, store: Store, workspace: str, line: bytes, held: list[Reservation]
+) -> StoredFile:
+    """Store the job's line as an input file of the workspace (as `POST /v1/files` would):
+    `held`, the workspace's admission reservations, so pinned inputs count."""
+    room = storage_room(settings, store, workspace, held)
     if room is not None and len(line) > room:
         raise TooManyRequests(
             f"Workspace {workspace!r} has {room} bytes of file storage left; this job's "

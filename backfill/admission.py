@@ -56,12 +56,15 @@ class ReserveResult(BaseModel):
     """Batches held, after this decision."""
     lines: int
     """Lines of the batches held, after this decision."""
-    refused_by: Literal["max_active_batches", "max_queued_lines"] | None = None
-    """The limit that refused it (None when accepted)."""
+    refused_by: Literal["max_active_batches", "max_queued_lines", "released"] | None = None
+    """The limit that refused it (None when accepted); `released`: the api released this batch
+    before its update was decided (it had answered the create 503)."""
 
 
 class ReleaseRequest(BaseModel):
-    """Drop a reservation (the batch never started)."""
+    """Drop a reservation (the batch never started). Also sent when the api gave up waiting for
+    the reserve: the batch id is remembered (`released`), so that update, decided later, is
+    refused."""
 
     batch_id: str
 
@@ -74,6 +77,8 @@ class AdmissionInput(BaseModel):
     """A reservation younger than this is not checked: its batch may be about to start."""
     reservations: list[Reservation] = Field(default_factory=list)
     """Carried across continue-as-new."""
+    released: list[str] = Field(default_factory=list)
+    """Batch ids released, newest last (at most `RELEASED_KEPT`), carried across continue-as-new."""
 
 
 class AdmissionView(BaseModel):
@@ -82,13 +87,22 @@ class AdmissionView(BaseModel):
     reservations: list[Reservation] = Field(default_factory=list)
 
 
-def decide(held: list[Reservation], req: ReserveRequest) -> ReserveResult:
+RELEASED_KEPT = 1000
+"""Released batch ids remembered: more than the updates Temporal keeps in flight per workflow."""
+
+
+def decide(
+    held: list[Reservation], req: ReserveRequest, released: frozenset[str] = frozenset()
+) -> ReserveResult:
     """Accept `req` when it fits under both limits with what is `held`. A batch already held is
-    accepted again as it is (an update retried after a lost answer)."""
+    accepted again as it is (an update retried after a lost answer); one already `released` is
+    refused (the api gave up on it and answered its create 503)."""
     active = len(held)
     lines = sum(r.lines for r in held)
     if any(r.batch_id == req.batch_id for r in held):
         return ReserveResult(accepted=True, active=active, lines=lines)
+    if req.batch_id in released:
+        return ReserveResult(accepted=False, active=active, lines=lines, refused_by="released")
     if req.max_active_batches is not None and active + 1 > req.max_active_batches:
         return ReserveResult(
             accepted=False, active=active, lines=lines, refused_by="max_active_batches"
@@ -98,6 +112,12 @@ def decide(held: list[Reservation], req: ReserveRequest) -> ReserveResult:
             accepted=False, active=active, lines=lines, refused_by="max_queued_lines"
         )
     return ReserveResult(accepted=True, active=active + 1, lines=lines + req.lines)
+
+
+def remember_released(released: list[str], batch_id: str) -> list[str]:
+    """`released` with `batch_id` added last, the oldest dropped past `RELEASED_KEPT`."""
+    kept = [b for b in released if b != batch_id] + [batch_id]
+    return kept[-RELEASED_KEPT:]
 
 
 def due_for_check(held: list[Reservation], now: float, grace_seconds: float) -> list[str]:

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         ReserveResult,
         decide,
         due_for_check,
+        remember_released,
     )
     from backfill.messages import ClosedBatchesInput
 
@@ -33,6 +34,7 @@ class AdmissionWorkflow:
     @workflow.init
     def __init__(self, input: AdmissionInput) -> None:
         self._held: dict[str, Reservation] = {r.batch_id: r for r in input.reservations}
+        self._released: list[str] = list(input.released)
 
     @workflow.run
     async def run(self, input: AdmissionInput) -> None:
@@ -48,12 +50,17 @@ class AdmissionWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(
-                    input.model_copy(update={"reservations": list(self._held.values())})
+                    input.model_copy(
+                        update={
+                            "reservations": list(self._held.values()),
+                            "released": self._released,
+                        }
+                    )
                 )
 
     @workflow.update
     def reserve(self, req: ReserveRequest) -> ReserveResult:
-        result = decide(list(self._held.values()), req)
+        result = decide(list(self._held.values()), req, frozenset(self._released))
         if result.accepted and req.batch_id not in self._held:
             self._held[req.batch_id] = Reservation(
                 batch_id=req.batch_id,
@@ -67,6 +74,7 @@ class AdmissionWorkflow:
     @workflow.signal
     def release(self, req: ReleaseRequest) -> None:
         self._held.pop(req.batch_id, None)
+        self._released = remember_released(self._released, req.batch_id)
 
     @workflow.query
     def holdings(self) -> AdmissionView:

@@ -3,7 +3,15 @@ pinned inputs counted towards stored bytes."""
 
 from __future__ import annotations
 
-from backfill.admission import Reservation, ReserveRequest, decide, due_for_check, pinned_bytes
+from backfill.admission import (
+    RELEASED_KEPT,
+    Reservation,
+    ReserveRequest,
+    decide,
+    due_for_check,
+    pinned_bytes,
+    remember_released,
+)
 
 
 def _held(
@@ -55,3 +63,21 @@ def test_pinned_bytes_count_deleted_inputs_once() -> None:
     held = [_held("b1", file_id="gone"), _held("b2", file_id="gone"), _held("b3", file_id="kept")]
     assert pinned_bytes(held, {"kept"}) == 100
     assert pinned_bytes(held, {"kept", "gone"}) == 0
+
+
+def test_a_released_batch_is_refused_when_its_update_comes_late() -> None:
+    """The api answered a create 503 when no worker answered, and released its batch id: the
+    update, decided once a worker polls again, must not take a slot for a batch never started."""
+    released = frozenset(remember_released([], "late"))
+    refused = decide([], _req("late", max_active_batches=5), released)
+    assert not refused.accepted and refused.refused_by == "released" and refused.active == 0
+    assert decide([], _req("other", max_active_batches=5), released).accepted
+
+
+def test_released_ids_are_bounded_and_newest_kept() -> None:
+    released: list[str] = []
+    for i in range(RELEASED_KEPT + 5):
+        released = remember_released(released, f"b{i}")
+    assert len(released) == RELEASED_KEPT
+    assert released[0] == "b5" and released[-1] == f"b{RELEASED_KEPT + 4}"
+    assert remember_released(released, "b5")[-1] == "b5"
