@@ -1,17 +1,21 @@
 """The simulator's `/v1/responses` answers (pure: dicts and SSE bytes, no I/O).
 
 A Response object shaped like openai-python's `openai.types.responses.Response` (one assistant
-message with one `output_text` part), and the Responses API's server-sent events for a stream:
-`response.created`, one `response.output_text.delta` per word, `response.output_text.done`,
+message with one `output_text` part), and the Responses API's server-sent events for a stream, in
+the order OpenAI and vLLM send them (the SDK's `client.responses.stream()` helper needs each item
+and part announced before its text): `response.created`, `response.in_progress`,
+`response.output_item.added`, `response.content_part.added`, one `response.output_text.delta` per
+word, `response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
 `response.completed` (which carries the usage).
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
+
+from backfill.sim.gpu_reply import dumps
 
 
 def input_texts(value: Any) -> list[str] | None:
@@ -50,15 +54,20 @@ class ResponseReply:
         self.created_at = int(time.time())
         self._seq = 0
 
-    def body(self, usage: dict[str, Any] | None, *, done: bool = True) -> dict[str, Any]:
-        text = " ".join(self.words)
-        message = {
+    def part(self, text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def message(self, *, done: bool) -> dict[str, Any]:
+        return {
             "id": self.item_id,
             "type": "message",
             "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
+            "status": "completed" if done else "in_progress",
+            "content": [self.part(" ".join(self.words))] if done else [],
         }
+
+    def body(self, usage: dict[str, Any] | None, *, done: bool = True) -> dict[str, Any]:
+        message = self.message(done=True)
         incomplete = done and self.reason == "length"
         return {
             "id": self.id,
@@ -78,11 +87,21 @@ class ResponseReply:
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        data = json.dumps(event, separators=(",", ":"))
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+        return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
     def created(self) -> bytes:
-        return self._event("response.created", response=self.body(None, done=False))
+        """Every event before the first delta: the response, its message item, its text part."""
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return b"".join(
+            (
+                self._event("response.created", response=self.body(None, done=False)),
+                self._event("response.in_progress", response=self.body(None, done=False)),
+                self._event(
+                    "response.output_item.added", output_index=0, item=self.message(done=False)
+                ),
+                self._event("response.content_part.added", **where, part=self.part("")),
+            )
+        )
 
     def delta(self, j: int) -> bytes:
         piece = self.words[j] if j == 0 else " " + self.words[j]
@@ -96,12 +115,16 @@ class ResponseReply:
         )
 
     def completed(self, usage: dict[str, Any]) -> bytes:
-        done = self._event(
-            "response.output_text.done",
-            item_id=self.item_id,
-            output_index=0,
-            content_index=0,
-            text=" ".join(self.words),
-            logprobs=[],
+        """Every event after the last delta: the text, its part and item done, the response."""
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        text = " ".join(self.words)
+        return b"".join(
+            (
+                self._event("response.output_text.done", **where, text=text, logprobs=[]),
+                self._event("response.content_part.done", **where, part=self.part(text)),
+                self._event(
+                    "response.output_item.done", output_index=0, item=self.message(done=True)
+                ),
+                self._event("response.completed", response=self.body(usage)),
+            )
         )
-        return done + self._event("response.completed", response=self.body(usage))
