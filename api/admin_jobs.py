@@ -113,6 +113,21 @@ async def list_all_jobs(
     """Every workspace's jobs, newest first, filtered by workspace, state (`queued`, `running`,
     `pausing`, `paused`, `cancelling`, `cancelled`, `completed`, `failed`) and model
     (`after`: the last id of the previous page)."""
+    return await job_page(client, store, identity, workspace, state, model, after, limit)
+
+
+async def job_page(
+    client: Client,
+    store: Store,
+    identity: Identity,
+    workspace: str | None,
+    state: str | None,
+    model: str | None,
+    after: str | None,
+    limit: int,
+) -> AdminJobList:
+    """One page of jobs matching the filters, newest first: this listing's, and the console's
+    (which pins a member to its workspace)."""
     filters = job_filters(workspace, state, model)
     keep = keep_jobs(client, identity, state)
     page = await batches.list_page(client, filters, after=after, limit=limit, keep=keep)

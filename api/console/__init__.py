@@ -7,11 +7,26 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 # Importing the page modules registers their routes on `router`.
-from api.console import batch_pages, route_pages, signin, usage_page, webhooks_page
+from api.console import (
+    batch_pages,
+    job_pages,
+    route_pages,
+    signin,
+    usage_page,
+    webhooks_page,
+)
 from api.console.fallback import no_such_page
 from api.console.web import STATIC_DIR, ConsoleState, router
 
-__all__ = ["install", "batch_pages", "route_pages", "signin", "usage_page", "webhooks_page"]
+__all__ = [
+    "install",
+    "batch_pages",
+    "job_pages",
+    "route_pages",
+    "signin",
+    "usage_page",
+    "webhooks_page",
+]
 
 
 def install(app: FastAPI) -> None:
