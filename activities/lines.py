@@ -222,7 +222,7 @@ class LineActivities:
         """Send one request (`X-Request-ID: rid`) and turn whatever comes back into the line's
         record. The client's own `priority` is dropped; the route's hint added (vllm only)."""
         spec = REGISTRY[input.endpoint]
-        body = upstream_body(request["body"], route, input.priority)
+        body = upstream_body(request["body"], route, input.priority, endpoint=input.endpoint)
         limit = self.settings.limits.max_response_bytes
         timeout = self._timeout(input)
         try:

@@ -36,6 +36,7 @@ from api.live_usage import UsageReader
 from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
 from backfill import strict_json
+from backfill.body_policy import refusal_message, refused_field
 from backfill.config import ModelConfig, Settings
 from backfill.endpoints import CHAT_USAGE, REGISTRY, EndpointSpec, UsageFields
 from backfill.metrics import LIVE_REQUEST_SECONDS
@@ -172,11 +173,16 @@ async def _forward(
     body = _decoded(raw)
     model = _model_or_404(settings, _model_name(body, spec), identity)
     route = choose_route(model, LIVE_ROUTING_KEY, rid)
+    refused = refused_field(spec.path, body, route)
+    if refused is not None:
+        raise InvalidRequest(
+            refusal_message(refused, route), param=refused, code="unsupported_parameter"
+        )
     upstream = build_upstream_request(
         http,
         route,
         spec,
-        forwarded_body(raw, body, route),
+        forwarded_body(raw, body, route, endpoint=spec.path),
         rid,
         timeout=httpx.Timeout(settings.limits.line_timeout_seconds, connect=5.0, pool=5.0),
         headers={"accept": request.headers.get("accept", "application/json")},

@@ -36,6 +36,8 @@ from backfill.webhooks import EventType as WebhookEventType
 
 Role = Literal["member", "platform_admin", "auditor"]
 Provider = Literal["vllm", "openai"]
+BodyField = Literal["background", "store", "previous_response_id", "conversation", "service_tier"]
+"""Body fields held back unless a route allows them (`backfill.body_policy`)."""
 WorkerRole = Literal["all", "workflows", "activities"]
 
 
@@ -62,6 +64,10 @@ class RouteConfig(_Strict):
     max_concurrent_lines: LinesAtOnce = DEFAULT_LINES_AT_ONCE
     """Initial "Batch lines at once" for the route's scheduler; after first start the durable
     value lives in the scheduler workflow and is changed through its update."""
+    allow_body_fields: list[BodyField] = Field(default_factory=list)
+    """Body fields otherwise refused or held back on this route (`backfill.body_policy`,
+    decision 0028): the Responses API's `background`, `store`, `previous_response_id` and
+    `conversation`, and `service_tier` on `openai` routes. For a single-tenant route only."""
 
 
 class ModelConfig(_Strict):

@@ -7,7 +7,9 @@ route's `api_key_env` (never the client's gateway key, never logged).
 
 Only the gateway sets `priority`: a client's own `priority` is dropped from every body (a vLLM
 started with `--scheduling-policy priority` would otherwise let any member jump ahead of every
-other tenant); batch lines of `vllm` routes then get the route's priority hint.
+other tenant); batch lines of `vllm` routes then get the route's priority hint. The body policy
+(`backfill.body_policy.outgoing_body`: `service_tier` on `openai` routes, `store` on the
+Responses API) applies to every body.
 """
 
 from __future__ import annotations
@@ -18,15 +20,20 @@ from typing import Any
 
 import httpx
 
+from backfill.body_policy import outgoing_body
 from backfill.config import RouteConfig
 from backfill.endpoints import EndpointSpec
 
 PRIORITY_FIELD = "priority"
 
 
-def upstream_body(body: dict[str, Any], route: RouteConfig, hint: int | None = None) -> bytes:
-    """`body` as sent upstream: without the client's `priority`, with the route's priority hint
-    when one is given and the route is a `vllm` one."""
+def upstream_body(
+    body: dict[str, Any], route: RouteConfig, hint: int | None = None, *, endpoint: str
+) -> bytes:
+    """`body` as sent upstream to `endpoint`: without the client's `priority`, with the route's
+    priority hint when one is given and the route is a `vllm` one, and as the body policy lets
+    it go (`outgoing_body`)."""
+    body = outgoing_body(endpoint, body, route)
     if PRIORITY_FIELD in body:
         body = {k: v for k, v in body.items() if k != PRIORITY_FIELD}
     if hint is not None and route.provider == "vllm":
@@ -34,10 +41,14 @@ def upstream_body(body: dict[str, Any], route: RouteConfig, hint: int | None = N
     return json.dumps(body).encode()
 
 
-def forwarded_body(raw: bytes, parsed: dict[str, Any], route: RouteConfig) -> bytes:
-    """A live request body: as sent (byte for byte) unless it carries `priority`, which is
-    dropped (the body is then written again from `parsed`, its decoding)."""
-    return upstream_body(parsed, route) if PRIORITY_FIELD in parsed else raw
+def forwarded_body(
+    raw: bytes, parsed: dict[str, Any], route: RouteConfig, *, endpoint: str
+) -> bytes:
+    """A live request body: as sent (byte for byte) unless it carries `priority` or the body
+    policy changes it (the body is then written again from `parsed`, its decoding)."""
+    if PRIORITY_FIELD in parsed or outgoing_body(endpoint, parsed, route) is not parsed:
+        return upstream_body(parsed, route, endpoint=endpoint)
+    return raw
 
 
 def build_upstream_request(

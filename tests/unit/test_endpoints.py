@@ -28,6 +28,7 @@ def test_the_live_routes_are_derived_from_the_registry() -> None:
     assert routed == live
 
 
+CHAT = "/v1/chat/completions"
 ROUTE = RouteConfig(id="r1", base_url="http://upstream:8000/v1/", api_key_env="ROUTE_KEY")
 
 
@@ -58,14 +59,17 @@ def test_one_builder_for_url_headers_and_key(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_only_the_gateway_sets_priority() -> None:
     body = {"model": "m", "priority": -100, "messages": []}
-    assert json.loads(upstream_body(body, ROUTE)) == {"model": "m", "messages": []}
-    assert json.loads(upstream_body(body, ROUTE, 10))["priority"] == 10
+    assert json.loads(upstream_body(body, ROUTE, endpoint=CHAT)) == {"model": "m", "messages": []}
+    assert json.loads(upstream_body(body, ROUTE, 10, endpoint=CHAT))["priority"] == 10
     cloud = ROUTE.model_copy(update={"provider": "openai"})
-    assert "priority" not in json.loads(upstream_body(body, cloud, 10))
+    assert "priority" not in json.loads(upstream_body(body, cloud, 10, endpoint=CHAT))
     # A live body without `priority` goes on byte for byte; with one, rewritten without it.
     raw = b'{"model":  "m"}'
-    assert forwarded_body(raw, {"model": "m"}, ROUTE) is raw
-    assert json.loads(forwarded_body(b"...", body, ROUTE)) == {"model": "m", "messages": []}
+    assert forwarded_body(raw, {"model": "m"}, ROUTE, endpoint=CHAT) is raw
+    assert json.loads(forwarded_body(b"...", body, ROUTE, endpoint=CHAT)) == {
+        "model": "m",
+        "messages": [],
+    }
 
 
 def test_responses_usage_is_read_with_its_details() -> None:
