@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, get_args
+from typing import Annotated, Any, get_args
 
 from fastapi import APIRouter, Query
 from pydantic import ValidationError
@@ -218,7 +218,10 @@ async def list_page(
             raise InvalidRequest(f"No such batch for 'after': {after}", param="after")
         ordered = [r for r in ordered if r < rows[after]]
     page = ordered[:limit]
-    batches = await asyncio.gather(*(_load_or_stub(client, batch_id) for _, batch_id in page))
+    statuses: dict[str, asyncio.Task[Any]] = {}
+    batches = await asyncio.gather(
+        *(_load_or_stub(client, batch_id, statuses) for _, batch_id in page)
+    )
     return BatchList(
         data=batches,
         first_id=batches[0].id if batches else None,
@@ -379,11 +382,18 @@ async def _recorded(client: Client, desc: WorkflowExecutionDescription) -> Batch
     return batch
 
 
-async def _load_or_stub(client: Client, batch_id: str) -> Batch:
-    """For listings: one batch that cannot be read right now must not fail the whole page; it
-    is listed from its search attributes instead."""
+async def _load_or_stub(
+    client: Client, batch_id: str, statuses: dict[str, asyncio.Task[Any]]
+) -> Batch:
+    """For listings: each batch as `GET /v1/batches/{id}` shows it (with why its lines wait).
+    One batch that cannot be read right now must not fail the whole page; it is listed from
+    its search attributes instead."""
     try:
-        return await _load(client, batch_id)
+        desc = await client.get_workflow_handle(batch_id).describe()
+        batch = await _load(client, batch_id, desc)
+        if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
+            await add_route_reasons(client, batch, desc, statuses)
+        return batch
     except Exception as err:
         log.warning("listing %s from its search attributes: %s", batch_id, err)
         desc = await client.get_workflow_handle(batch_id).describe()

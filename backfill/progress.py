@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecutionDescription
@@ -18,9 +19,14 @@ log = logging.getLogger(__name__)
 
 
 async def add_route_reasons(
-    client: Client, batch: Batch, desc: WorkflowExecutionDescription
+    client: Client,
+    batch: Batch,
+    desc: WorkflowExecutionDescription,
+    statuses: dict[str, asyncio.Task[Any]] | None = None,
 ) -> None:
-    """Fill reason/queue_position of routes whose lines are held back, from the schedulers."""
+    """Fill reason/queue_position of routes whose lines are held back, from the schedulers.
+    `statuses` shares each scheduler's answer between the batches of one listing (one query
+    per route, not per batch)."""
     ext = batch.backfill
     if ext.paused:
         return
@@ -31,20 +37,33 @@ async def add_route_reasons(
     scheduled_only = bool(pending) and all(
         a.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED for a in pending
     )
-    await asyncio.gather(*(_one(client, batch, p, scheduled_only) for p in waiting))
+    shared = {} if statuses is None else statuses
+    await asyncio.gather(*(_one(client, batch, p, scheduled_only, shared) for p in waiting))
 
 
-async def _one(client: Client, batch: Batch, p: RouteProgress, scheduled_only: bool) -> None:
+async def _status(client: Client, route: str) -> Any:
+    handle = client.get_workflow_handle_for(
+        RouteSchedulerWorkflow.run, scheduler_workflow_id(route)
+    )
+    return await handle.query(RouteSchedulerWorkflow.status, time.time())
+
+
+async def _one(
+    client: Client,
+    batch: Batch,
+    p: RouteProgress,
+    scheduled_only: bool,
+    statuses: dict[str, asyncio.Task[Any]],
+) -> None:
     if p.allotment > 0 and p.running_lines > 0 and scheduled_only:
         # Lines allotted and scheduled, but no worker has a free activity slot to start them.
         p.reason = WaitReason.WORKERS_BUSY
         batch.backfill.summary = QUEUED_SUMMARY
         return
+    if p.route not in statuses:
+        statuses[p.route] = asyncio.ensure_future(_status(client, p.route))
     try:
-        handle = client.get_workflow_handle_for(
-            RouteSchedulerWorkflow.run, scheduler_workflow_id(p.route)
-        )
-        status = await handle.query(RouteSchedulerWorkflow.status, time.time())
+        status = await asyncio.shield(statuses[p.route])
     except Exception as err:  # a scheduler that is not up yet simply has no reason to give
         log.debug("scheduler %s status unavailable: %s", p.route, err)
         return

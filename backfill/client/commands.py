@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backfill.client.connection import DEFAULT_BASE_URL, CommandError, Connection, api_error
-from backfill.client.selection import input_lines, parse_kinds, to_retry
+from backfill.client.selection import input_lines, output_ids, parse_kinds, to_retry
 from backfill.client.watching import TERMINAL, extension, wait_reason, watch
 
 app = typer.Typer(
@@ -91,15 +91,41 @@ def _download(conn: Connection, batch: Batch, directory: Path, stem: str) -> lis
 
 
 def _ended(conn: Connection, batch: Batch, directory: Path, stem: str) -> int:
-    out.print(_headline(batch))
+    _say_how_it_ended(batch)
     _download(conn, batch, directory, stem)
     return _exit_code(batch)
 
 
+def _say_how_it_ended(batch: Batch) -> None:
+    """The headline, and for a batch whose input was refused, each reason (there are no lines
+    and no files to look at: the reasons are all there is)."""
+    out.print(_headline(batch))
+    for e in _input_errors(batch):
+        err.print(f"  {e}", markup=False)
+
+
+def _input_errors(batch: Batch) -> list[str]:
+    if not batch.errors or not batch.errors.data:
+        return []
+    return [
+        f"{e.code}" + (f" (line {e.line})" if e.line is not None else "") + f": {e.message}"
+        for e in batch.errors.data
+    ]
+
+
 def _headline(batch: Batch) -> str:
     c = batch.request_counts
+    refused = _input_errors(batch)
+    if batch.status == "failed" and refused:
+        n = len(refused)
+        return f"{batch.id} failed: its input was refused ({n} error{'s' if n > 1 else ''})"
     counts = f"{c.completed} completed, {c.failed} failed of {c.total}" if c else "no counts"
     return f"{batch.id} {batch.status}: {counts}"
+
+
+def _counts(batch: Batch) -> str:
+    c = batch.request_counts
+    return f"{c.completed} completed, {c.failed} failed of {c.total}" if c else "no counts"
 
 
 @app.command()
@@ -149,13 +175,24 @@ def watch_(
 ) -> int:
     """Watch a batch until it ends (Ctrl-C stops watching, never the batch)."""
     conn = _conn(ctx)
+    if directory is not None:  # made now: a path that cannot be a directory fails before watching
+        _make_dir(directory, "--download-to")
     ended = _follow(conn, batch_id, interval)
     if ended is None:
         return 130
-    out.print(_headline(ended))
+    _say_how_it_ended(ended)
     if directory is not None:
         _download(conn, ended, directory, ended.id)
     return _exit_code(ended)
+
+
+def _make_dir(directory: Path, option: str) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CommandError(
+            f"{option} {directory}: cannot make that directory ({e.strerror})."
+        ) from None
 
 
 @app.command("list")
@@ -218,7 +255,7 @@ def get(
     ext = extension(batch)
     rows: list[tuple[str, Any]] = [
         ("status", batch.status + (" (paused)" if ext.get("paused") else "")),
-        ("counts", _headline(batch).split(": ", 1)[1]),
+        ("counts", _counts(batch)),
         ("endpoint", batch.endpoint),
         ("window", batch.completion_window),
         ("created", _when(batch.created_at)),
@@ -227,7 +264,9 @@ def get(
     for name in ("completed_at", "failed_at", "expired_at", "cancelled_at"):
         if getattr(batch, name, None):
             rows.append((name.removesuffix("_at"), _when(getattr(batch, name))))
-    if ext.get("lines_per_second") is not None:
+    if ext.get("paused") and batch.status == "in_progress":
+        rows.append(("pace", "none while paused: lines move again once resumed"))
+    elif ext.get("lines_per_second") is not None:
         finish = ext.get("expected_finish_at")
         pace = f"{ext['lines_per_second']} lines/s"
         pace += f", expected to finish {_when(finish)}" if finish else ", not moving"
@@ -295,7 +334,7 @@ def download(
 ) -> int:
     """Save a batch's output and error files (<id>.output.jsonl, <id>.errors.jsonl)."""
     conn = _conn(ctx)
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_dir(directory, "--dir")
     if partial:
         return _download_partial(conn, batch_id, directory)
     batch = conn.openai.batches.retrieve(batch_id)
@@ -384,6 +423,13 @@ def retry(
     # JSONL lines end at "\n" only: str.splitlines() would also cut at a U+2028 inside a string.
     records = [json.loads(line) for line in error_text.split("\n") if line.strip()]
     custom_ids = to_retry(records, kinds, skip)
+    done_by, done = _completed_by_retries(conn, batch)
+    if custom_ids and not custom_ids - done:
+        raise CommandError(
+            f"Nothing to retry: the {what} of {batch_id} were completed by its retries "
+            f"({', '.join(done_by)})."
+        )
+    custom_ids -= done
     if not custom_ids:
         raise CommandError(f"Nothing to retry: {batch_id} has no {what}.")
     try:
@@ -414,6 +460,35 @@ def retry(
     if ended is None:
         return 130
     return _ended(conn, ended, directory, ended.id)
+
+
+MAX_RETRY_DEPTH = 10
+"""Retries of retries followed when collecting what earlier retries completed."""
+
+
+def _completed_by_retries(conn: Connection, original: Batch) -> tuple[list[str], set[str]]:
+    """The earlier retries of `original` (and of those, recursively) and the custom_ids their
+    output files hold: a line an earlier retry completed is not sent again, so each custom_id
+    is completed once across the original and all its retries. An earlier retry still running
+    refuses the new one (its lines may yet complete)."""
+    seen: list[str] = []
+    done: set[str] = set()
+    todo = [(r, 1) for r in extension(original).get("retries") or []]
+    while todo:
+        retry_id, depth = todo.pop(0)
+        if retry_id in seen or depth > MAX_RETRY_DEPTH:
+            continue
+        seen.append(retry_id)
+        earlier = conn.openai.batches.retrieve(retry_id)
+        if earlier.status not in TERMINAL:
+            raise CommandError(
+                f"{retry_id}, a retry of {original.id}, is still {earlier.status}: its lines may "
+                "still complete. Retry once it has ended (or cancel it first)."
+            )
+        if earlier.output_file_id:
+            done |= output_ids(conn.openai.files.content(earlier.output_file_id).content)
+        todo += [(r, depth + 1) for r in extension(earlier).get("retries") or []]
+    return seen, done
 
 
 def run(argv: list[str]) -> int:

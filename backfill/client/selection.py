@@ -65,3 +65,16 @@ def input_lines(content: bytes, custom_ids: set[str]) -> list[bytes]:
         if custom_id in custom_ids:
             out.append(raw)
     return out
+
+
+def output_ids(content: bytes) -> set[str]:
+    """The custom_ids of an output file (each a completed line)."""
+    out: set[str] = set()
+    for raw in content.splitlines():
+        try:
+            custom_id = json.loads(raw).get("custom_id")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(custom_id, str):
+            out.add(custom_id)
+    return out
