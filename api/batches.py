@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from api import admission, audit
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound
 from api.eta import fill_eta
-from api.history_view import quick_query, started_input
+from api.history_view import QUICK_QUERY, quick_query, started_input
 from api.retries import retries_of, retry_link
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
@@ -392,7 +393,10 @@ async def _load_or_stub(
         desc = await client.get_workflow_handle(batch_id).describe()
         batch = await _load(client, batch_id, desc)
         if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
-            await add_route_reasons(client, batch, desc, statuses)
+            # Bounded: a busy scheduler leaves the reason out of a listing, never slows it.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(QUICK_QUERY.total_seconds()):
+                    await add_route_reasons(client, batch, desc, statuses)
         return batch
     except Exception as err:
         log.warning("listing %s from its search attributes: %s", batch_id, err)
