@@ -16,6 +16,7 @@ import asyncio
 import ipaddress
 import os
 import time
+from datetime import timedelta
 
 import httpcore
 from temporalio import activity
@@ -45,16 +46,20 @@ from backfill.webhooks import (
     WebhookTarget,
     check_url,
     configured_endpoints,
+    delivery_url,
     derive_secret,
     endpoints_workflow_id,
     event_workflow_id,
     refusal,
     signed_headers,
+    signing_rotations,
 )
 
 MAX_RESPONSE_BYTES = 64 * 1024
 """The most of a receiver's answer read (the rest is ignored; only the status matters)."""
 USER_AGENT = b"backfill-webhooks"
+ENDPOINT_READ_TIMEOUT = timedelta(seconds=2)
+"""How long an attempt waits for the endpoints workflow's answer (its current rotation)."""
 
 
 class _Refused(Exception):
@@ -129,14 +134,17 @@ class WebhookActivities:
     @activity.defn
     async def deliver_webhook(self, input: AttemptInput) -> AttemptOutcome:
         """One signed POST of the event to the target; never raises for the receiver's faults
-        (they are the outcome), so the workflow logs every attempt."""
-        secret = self._secret(input)
-        if secret is None:
-            return AttemptOutcome(delivered=False, error=self._no_secret(input.target))
+        (they are the outcome), so the workflow logs every attempt. Without a signing secret
+        the delivery fails at once (`permanent`): no later attempt would have one."""
+        secrets = await self._secrets(input)
+        if not secrets:
+            return AttemptOutcome(
+                delivered=False, error=self._no_secret(input.target), permanent=True
+            )
         body = input.event.body()
         try:
             async with asyncio.timeout(input.timeout_seconds):
-                status = await self._post(input.target.url, secret, input, body)
+                status = await self._post(input.target.url, secrets, input, body)
         except _Refused as e:
             return AttemptOutcome(delivered=False, error=str(e), permanent=True)
         except TimeoutError:
@@ -152,23 +160,57 @@ class WebhookActivities:
         why = "redirects are not followed" if 300 <= status < 400 else "not a 2xx answer"
         return AttemptOutcome(delivered=False, status_code=status, error=why)
 
-    def _secret(self, input: AttemptInput) -> str | None:
+    async def _secrets(self, input: AttemptInput) -> list[str]:
+        """The secrets this attempt signs with (none: there is no secret to sign with). An
+        endpoint made through the api signs with its current secret, and with the previous one
+        too during the grace period after a rotation (`signing_rotations`): the endpoint is read
+        now, not when the event was raised, so an event raised before a rotation reaches a
+        receiver that already switched."""
         target = input.target
         if target.secret_env is not None:
-            return os.environ.get(target.secret_env) or None
+            secret = os.environ.get(target.secret_env)
+            return [secret] if secret else []
         key = self.settings.webhook_key
         if not key:
-            return None
-        return derive_secret(key, input.workspace, target.endpoint_id, target.rotation)
+            return []
+        endpoint = await self._current_endpoint(input.workspace, target)
+        rotations = signing_rotations(
+            endpoint, time.time(), self.settings.webhook_rotation_grace_seconds
+        )
+        return [derive_secret(key, input.workspace, target.endpoint_id, r) for r in rotations]
+
+    async def _current_endpoint(self, workspace: str, target: WebhookTarget) -> WebhookEndpoint:
+        """The endpoint as its workflow holds it now; as the event found it when it was removed
+        since, or its workflow does not answer (logged)."""
+        as_raised = WebhookEndpoint(id=target.endpoint_id, url=target.url, rotation=target.rotation)
+        handle = self.client.get_workflow_handle_for(
+            refs.WebhookEndpointsWorkflow.run, endpoints_workflow_id(workspace)
+        )
+        try:
+            endpoints = await handle.query(
+                refs.WebhookEndpointsWorkflow.endpoints, rpc_timeout=ENDPOINT_READ_TIMEOUT
+            )
+        except RPCError as err:
+            activity.logger.warning(
+                "signing with the rotation the event found: endpoints of %s unread: %s",
+                workspace,
+                err,
+            )
+            return as_raised
+        return next((e for e in endpoints if e.id == target.endpoint_id), as_raised)
 
     @staticmethod
     def _no_secret(target: WebhookTarget) -> str:
         name = target.secret_env or "BACKFILL_WEBHOOK_KEY"
-        return f"no signing secret: the worker's environment variable {name} is not set"
+        return (
+            f"no signing secret: the worker's environment variable {name} is not set; "
+            "the event is not delivered (set it on every worker, then events raised later are)"
+        )
 
-    async def _post(self, url: str, secret: str, input: AttemptInput, body: bytes) -> int:
+    async def _post(self, url: str, secrets: list[str], input: AttemptInput, body: bytes) -> int:
         try:
             _, host, port = check_url(url)
+            url = delivery_url(url)
         except ValueError as e:
             raise _Refused(str(e)) from None
         pins = {(host, port): await self._allowed_addresses(host, port)}
@@ -177,7 +219,7 @@ class WebhookActivities:
             (b"User-Agent", USER_AGENT),
             *(
                 (k.encode(), v.encode())
-                for k, v in signed_headers(secret, input.event, int(time.time()), body).items()
+                for k, v in signed_headers(secrets, input.event, int(time.time()), body).items()
             ),
         ]
         timeouts = {k: input.timeout_seconds for k in ("connect", "read", "write", "pool")}

@@ -49,6 +49,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MIN_WEBHOOK_KEY_LENGTH = 32
+"""Shortest `BACKFILL_WEBHOOK_KEY` accepted at start (`openssl rand -hex 32` makes 64)."""
+
+
 class RouteConfig(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     """Route id: also the scheduler's identity and the management API's deployment id."""
@@ -337,7 +341,14 @@ class Settings(BaseSettings):
     )
     """Master key the signing secret of every endpoint made through the api is derived from
     (docs/decisions/0021); without it such endpoints cannot be made or delivered to. Env only;
-    changing it changes every derived secret."""
+    changing it changes every derived secret. At least `MIN_WEBHOOK_KEY_LENGTH` characters: a
+    receiver holds message/signature pairs, so a weak key could be found offline, and with it
+    every workspace's secret."""
+    webhook_rotation_grace_seconds: float = Field(
+        default=24 * 3600.0, ge=0, validation_alias="BACKFILL_WEBHOOK_ROTATION_GRACE_SECONDS"
+    )
+    """After a rotation, how long the previous secret stays valid: deliveries in this time carry
+    both signatures (Standard Webhooks allows several), so a receiver may switch at any moment."""
     webhook_allowed_destinations: str = Field(
         default="", validation_alias="BACKFILL_WEBHOOK_ALLOWED_DESTINATIONS"
     )
@@ -410,6 +421,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _webhooks_valid(self) -> Settings:
+        if self.webhook_key and len(self.webhook_key) < MIN_WEBHOOK_KEY_LENGTH:
+            raise ValueError(
+                f"BACKFILL_WEBHOOK_KEY has {len(self.webhook_key)} characters; it must have at "
+                f"least {MIN_WEBHOOK_KEY_LENGTH} (make one with `openssl rand -hex 32`)"
+            )
         Destinations.parse(self.webhook_allowed_destinations.split(","))
         seen: set[tuple[str, str]] = set()
         for w in self.webhooks:

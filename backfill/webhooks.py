@@ -26,8 +26,9 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
+import idna
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
@@ -125,13 +126,27 @@ def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     )
 
 
-def signed_headers(secret: str, evt: WebhookEvent, timestamp: int, body: bytes) -> dict[str, str]:
-    """The Standard Webhooks headers of one attempt (`timestamp`: the attempt's, in seconds)."""
+def signed_headers(
+    secrets: list[str], evt: WebhookEvent, timestamp: int, body: bytes
+) -> dict[str, str]:
+    """The Standard Webhooks headers of one attempt (`timestamp`: the attempt's, in seconds):
+    one signature per secret, space-separated, as the specification allows (a receiver accepts
+    the message when any of them verifies with its secret)."""
     return {
         "webhook-id": evt.id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(secret, evt.id, timestamp, body),
+        "webhook-signature": " ".join(signature(s, evt.id, timestamp, body) for s in secrets),
     }
+
+
+def signing_rotations(endpoint: WebhookEndpoint, now: float, grace_seconds: float) -> list[int]:
+    """The rotation counts whose secrets sign a delivery to `endpoint` at `now`: the current
+    one, and the previous one while its grace period after the last rotation lasts."""
+    rotations = [endpoint.rotation]
+    rotated_at = endpoint.rotated_at
+    if endpoint.rotation > 0 and rotated_at is not None and now < rotated_at + grace_seconds:
+        rotations.append(endpoint.rotation - 1)
+    return rotations
 
 
 # ---- endpoints -------------------------------------------------------------------------------
@@ -147,6 +162,9 @@ class WebhookEndpoint(BaseModel):
     updated_at: int | None = None
     rotation: int = 0
     """How many times the secret was rotated (an input of the derived secret)."""
+    rotated_at: int | None = None
+    """When the secret was last rotated (unix seconds): the previous one stays valid for the
+    grace period after it (`signing_rotations`)."""
     secret_env: str | None = None
     """Configured endpoints: the environment variable holding the secret (api ones: None, the
     secret is derived)."""
@@ -323,19 +341,57 @@ def check_url(url: str) -> tuple[str, str, int]:
     host = (parts.hostname or "").lower()
     if not host:
         raise ValueError("the URL has no host")
-    return parts.scheme, host, port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, ascii_host(host), port or (443 if parts.scheme == "https" else 80)
+
+
+def ascii_host(host: str) -> str:
+    """`host` as it goes on the wire and to the resolver: an internationalized name encoded
+    with IDNA 2008 (`bücher.example` -> `xn--bcher-kva.example`); ValueError when it cannot be."""
+    if host.isascii():
+        return host
+    try:
+        return idna.encode(host.rstrip("."), uts46=True).decode("ascii")
+    except idna.IDNAError as e:
+        raise ValueError(f"the host {host!r} is not a valid internationalized name: {e}") from None
+
+
+def delivery_url(url: str) -> str:
+    """`url` with its host IDNA-encoded (`ascii_host`), as the connection needs it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host.isascii():
+        return url
+    netloc = ascii_host(host) + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries to its destination: IPv4-mapped (`::ffff:a.b.c.d`),
+    NAT64 (`64:ff9b::a.b.c.d`, RFC 6052), IPv4-compatible (`::a.b.c.d`, deprecated but still
+    routed by some stacks) and 6to4 (`2002:AABB:CCDD::`); None for any other."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):  # not :: or ::1
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.sixtofour
 
 
 def refusal(host: str, address: str, allowed: Destinations) -> str | None:
     """Why a delivery to `host` must not connect to `address`, or None when it may: private,
     loopback, link-local, multicast, reserved and unspecified addresses are refused unless the
-    allow-list names the host or contains the address."""
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    allow-list names the host or contains the address. An IPv6 address that carries an IPv4 one
+    (`embedded_ipv4`: mapped, NAT64, IPv4-compatible, 6to4) is judged by that IPv4 address."""
+    given = ipaddress.ip_address(address)
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = given
+    if isinstance(given, ipaddress.IPv6Address):
+        ip = embedded_ipv4(given) or given  # judged by the IPv4 address it reaches
     if ip.is_global and not ip.is_multicast:
         return None
-    if allowed.names(host) or allowed.contain(str(ip)):
+    if allowed.names(host) or allowed.contain(str(ip)) or allowed.contain(str(given)):
         return None
     kind = (
         "loopback"

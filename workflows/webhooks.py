@@ -99,7 +99,7 @@ class WebhookEndpointsWorkflow:
     def rotate(self, ref: EndpointId) -> WebhookEndpoint:
         found = self._find(ref.id)
         found.rotation += 1
-        found.updated_at = int(workflow.now().timestamp())
+        found.updated_at = found.rotated_at = int(workflow.now().timestamp())
         return found
 
     @remove.validator

@@ -24,7 +24,7 @@ from tests.polling import poll_until
 
 ADMIN = "sk-test-admin"
 FAST_RETRIES = {
-    "BACKFILL_WEBHOOK_KEY": "e2e-master-key",
+    "BACKFILL_WEBHOOK_KEY": "e2e-master-key-0123456789abcdef0123456789",
     "BACKFILL_WEBHOOK_ALLOWED_DESTINATIONS": "127.0.0.1",
     "BACKFILL_WEBHOOK_RETRY_INITIAL_SECONDS": "0.5",
     "BACKFILL_WEBHOOK_RETRY_MAX_INTERVAL_SECONDS": "1",

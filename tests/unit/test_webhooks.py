@@ -32,7 +32,7 @@ def event(type: str = "batch.completed") -> WebhookEvent:
 
 def test_event_body_is_openais_payload_and_parses_as_the_sdks_event() -> None:
     evt = event()
-    headers = signed_headers(SECRET, evt, int(time.time()), evt.body())
+    headers = signed_headers([SECRET], evt, int(time.time()), evt.body())
     unwrapped = openai.OpenAI(api_key="x", webhook_secret=SECRET).webhooks.unwrap(
         evt.body(), headers
     )
@@ -47,7 +47,7 @@ def test_event_body_is_openais_payload_and_parses_as_the_sdks_event() -> None:
 def test_every_event_type_verifies_with_the_sdk_and_a_derived_secret(type: str) -> None:
     secret = derive_secret("master", "alpha", "we_1", 0)
     evt = event(type)
-    headers = signed_headers(secret, evt, int(time.time()), evt.body())
+    headers = signed_headers([secret], evt, int(time.time()), evt.body())
     unwrapped = openai.OpenAI(api_key="x").webhooks.unwrap(evt.body(), headers, secret=secret)
     assert unwrapped.type == type
 
@@ -56,7 +56,7 @@ def test_the_sdk_refuses_a_wrong_secret_or_a_changed_body() -> None:
     evt = event()
     now = int(time.time())
     hooks = openai.OpenAI(api_key="x").webhooks
-    headers = signed_headers(SECRET, evt, now, evt.body())
+    headers = signed_headers([SECRET], evt, now, evt.body())
     other = derive_secret("master", "alpha", "we_1", 1)
     with pytest.raises(openai.InvalidWebhookSignatureError):
         hooks.unwrap(evt.body(), headers, secret=other)
@@ -66,7 +66,7 @@ def test_the_sdk_refuses_a_wrong_secret_or_a_changed_body() -> None:
 
 def test_headers_carry_the_event_id_as_webhook_id() -> None:
     evt = event()
-    headers = signed_headers(SECRET, evt, 1234, evt.body())
+    headers = signed_headers([SECRET], evt, 1234, evt.body())
     assert headers["webhook-id"] == evt.id
     assert headers["webhook-timestamp"] == "1234"
     assert headers["webhook-signature"].startswith("v1,")
@@ -207,7 +207,9 @@ def test_configured_endpoints_are_unique_per_workspace_and_the_allow_list_parses
         Settings(webhook_allowed_destinations="10.0.0.0/40")
 
 
-async def test_delivery_to_a_name_resolving_to_loopback_is_refused_for_good() -> None:
+async def test_delivery_to_a_name_resolving_to_loopback_is_refused_for_good(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from activities.webhooks import WebhookActivities
     from backfill.config import Settings
     from backfill.webhooks import AttemptInput, WebhookTarget
@@ -215,14 +217,17 @@ async def test_delivery_to_a_name_resolving_to_loopback_is_refused_for_good() ->
     async def resolve(host: str, port: int) -> list[str]:
         return ["93.184.216.34", "127.0.0.1"]  # one public, one loopback: refused
 
-    acts = WebhookActivities(Settings(webhook_key="k"), client=None, resolve=resolve)  # type: ignore[arg-type]
-    target = WebhookTarget(endpoint_id="we_1", url="https://rebind.example/")
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    acts = WebhookActivities(Settings(), client=None, resolve=resolve)  # type: ignore[arg-type]
+    target = WebhookTarget(
+        endpoint_id="we_1", url="https://rebind.example/", secret_env="HOOK_SECRET"
+    )
     out = await acts.deliver_webhook(AttemptInput(event=event(), workspace="w", target=target))
     assert not out.delivered and out.permanent
     assert out.error is not None and "loopback" in out.error and "127.0.0.1" in out.error
 
 
-async def test_delivery_without_a_secret_is_retried_and_says_which_variable() -> None:
+async def test_delivery_without_a_secret_fails_at_once_and_says_which_variable() -> None:
     from activities.webhooks import WebhookActivities
     from backfill.config import Settings
     from backfill.webhooks import AttemptInput, WebhookTarget
@@ -230,5 +235,5 @@ async def test_delivery_without_a_secret_is_retried_and_says_which_variable() ->
     acts = WebhookActivities(Settings(), client=None)  # type: ignore[arg-type]
     target = WebhookTarget(endpoint_id="we_1", url="https://x.example/")
     out = await acts.deliver_webhook(AttemptInput(event=event(), workspace="w", target=target))
-    assert not out.delivered and not out.permanent
+    assert not out.delivered and out.permanent  # no later attempt would have one
     assert out.error is not None and "BACKFILL_WEBHOOK_KEY" in out.error
