@@ -50,6 +50,8 @@ router = APIRouter(prefix=PREFIX, tags=["jobs"], responses=COMMON_ERRORS)
 JOB_FILENAME = "gateway-job.jsonl"
 """The name of a job's stored input file (one line)."""
 _UNCONTROLLABLE: frozenset[JobState] = frozenset({"completed", "failed", "cancelled"})
+_PAUSABLE = ("validating", "in_progress")
+"""The batch statuses a job may be paused or resumed in (as for any batch)."""
 
 
 # ---- create ----------------------------------------------------------------------------------
@@ -102,7 +104,10 @@ async def create_job(
         await asyncio.to_thread(store.delete_file, file.id)
         raise
     response.headers["Location"] = f"{PREFIX}/{batch.id}"
-    return job_of(batch, None)
+    job = job_of(batch, None)
+    if job.model is None and isinstance(req.body.get("model"), str):
+        job.model = req.body["model"]  # checked above; the batch learns it at validation
+    return job
 
 
 def _check_line(line: bytes, path: str, settings: Settings, identity: Identity) -> None:
@@ -267,14 +272,23 @@ async def control_batch(action: str, job_id: str, client: Client, identity: Iden
     identity.require_write()
     batch = await job_batch(client, identity, job_id)
     state = job_state(batch)
+    refused = Conflict(f"Cannot {action} a job in state '{state}'.", code="invalid_job_state")
     if state in _UNCONTROLLABLE or (state == "cancelling" and action != "cancel"):
-        raise Conflict(f"Cannot {action} a job in state '{state}'.", code="invalid_job_state")
+        raise refused
+    if action != "cancel" and batch.status not in _PAUSABLE:  # finalizing: its answer is in
+        raise Conflict(
+            f"Cannot {action} a job whose answer is being saved (state '{state}').",
+            code="invalid_job_state",
+        )
     act: Any = {
         "pause": batches.pause_batch,
         "resume": batches.resume_batch,
         "cancel": batches.cancel_batch,
     }[action]
-    return await act(job_id, client, identity)  # type: ignore[no-any-return]
+    try:
+        return await act(job_id, client, identity)  # type: ignore[no-any-return]
+    except Conflict as err:  # the batch moved on since it was read: a job's code, not a batch's
+        raise Conflict(err.message, code="invalid_job_state") from None
 
 
 @router.post("/{job_id}/pause", response_model=Job, responses=error_responses(403, 404, 409))

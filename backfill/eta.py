@@ -20,7 +20,10 @@ MIN_SPAN_SECONDS = 5.0
 MAX_BATCHES = 10_000
 """Batches a `ProgressLog` keeps samples for (the least recently read are forgotten)."""
 MAX_SAMPLES = 64
-"""Samples kept per batch (older ones in the window are thinned out by the bound)."""
+"""Samples kept per batch."""
+SPACING_SECONDS = RECENT_SECONDS / (MAX_SAMPLES - 4)
+"""The least time between two kept samples (the newest excepted): however often a reader polls,
+`MAX_SAMPLES` samples span the whole `RECENT_SECONDS` window."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,10 @@ class ProgressLog:
         if kept and sample.finished < kept[-1].finished:
             kept.clear()  # counts went back (another run's view): start over
         if not kept or sample.at > kept[-1].at:
-            kept.append(sample)
+            if len(kept) >= 2 and kept[-1].at - kept[-2].at < SPACING_SECONDS:
+                kept[-1] = sample  # the newest replaces one too close to the sample before it
+            else:
+                kept.append(sample)
         while kept and sample.at - kept[0].at > RECENT_SECONDS:
             kept.popleft()
         return list(kept)

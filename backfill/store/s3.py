@@ -6,7 +6,7 @@ Keys, under `BACKFILL_S3_PREFIX` (docs/storage.md):
     files/<file id>.json            its metadata (FileObject), written after the content
     batches/<batch id>/input.jsonl  the pinned input: a server-side copy of the upload
     batches/<batch id>/offsets.bin, lengths.bin, route-<n>.bin, index.json   the line index
-    batches/<batch id>/results/<line // 1000>/<line>.json   one committed record per line
+    batches/<batch id>/results/<line // 1000, 5 digits>/<line>.json one committed record per line
     batches/<batch id>/finalized.json                        what finalizing published
 
 First writer wins (results, the finalized record) with conditional writes: `PutObject` with

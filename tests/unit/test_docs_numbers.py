@@ -24,3 +24,43 @@ def test_the_simulators_route_lines_at_once() -> None:
     stated = re.findall(r"simulator's route runs (\d+) lines at once", doc("docs/cli.md"))
     assert stated, "docs/cli.md no longer states it: drop this test"
     assert {int(n) for n in stated} == {the_dev_route()["max_concurrent_lines"]}
+
+
+WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def test_the_count_of_search_attributes() -> None:
+    from backfill.search_attributes import ALL
+
+    text = doc("docs/operator-guide.md")
+    counts = re.findall(r"the (\w+) search attributes", text) + re.findall(
+        r"expect all (\w+)", text
+    )
+    stated = [WORDS[w] for w in counts if w in WORDS]
+    assert stated, "docs/operator-guide.md no longer counts them: drop this test"
+    assert set(stated) == {len(ALL)}, counts
+
+
+def test_the_s3_result_key_layout() -> None:
+    from backfill.store.s3 import S3Store
+
+    store = S3Store(client=None, bucket="b", prefix="p/")
+    key = store._result_key("batch_x", 12345)
+    assert key == "p/batches/batch_x/results/00012/12345.json"
+    text = doc("docs/storage.md")
+    assert "results/00012/12345.json" in text
+    assert "batches/<batch id>/results/<line // 1000, 5 digits>/<line>.json" in text
+
+
+def test_the_pace_window() -> None:
+    from backfill.eta import RECENT_SECONDS
+
+    minutes = RECENT_SECONDS / 60
+    for page, pattern in (
+        ("docs/cli.md", r"over the last (\w+) minutes of what the CLI saw"),
+        ("docs/batches.md", r"per second over the last (\d+) minutes"),
+        ("docs/metrics.md", r"per second over the last (\d+) minutes"),
+    ):
+        found = re.findall(pattern, doc(page))
+        assert found, f"{page} no longer states the window"
+        assert {WORDS.get(w) or int(w) for w in found} == {minutes}, (page, found)
