@@ -42,12 +42,13 @@ from typing import Any
 import httpx
 import openai
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.config import hash_key
 from backfill.dev.devserver import connect_client
 from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.ids import scheduler_workflow_id
+from backfill.refs import RouteSchedulerWorkflow
 from backfill.search_attributes import WORKSPACE
 from backfill.sim import SimConfig, SimServer
 from backfill.sim.faults import FaultInjector
@@ -362,6 +363,7 @@ class Stack:
                 what=f"no request of the lease's batches still open at stack {self.suffix}",
                 interval=0.05,
             )
+            await self.wait_routes_idle()
             return
         try:
             if any(w.running for w in self.workers):
@@ -373,6 +375,35 @@ class Stack:
             )
             for sim in self.sims:
                 await sim.stop()
+
+    async def wait_routes_idle(self, within: float = 60) -> None:
+        """Until no route scheduler of the stack counts a batch or a held slot (an ended batch
+        leaves with its goodbye signal, a terminated one at the scheduler's next reconciliation),
+        so the next lease finds every slot free."""
+        temporal = await connect_client(self.temporal_address)
+
+        async def batches_on_routes() -> list[str]:
+            held = []
+            for route in self.routes:
+                handle = temporal.get_workflow_handle_for(
+                    RouteSchedulerWorkflow.run, scheduler_workflow_id(route)
+                )
+                try:
+                    st = await handle.query(RouteSchedulerWorkflow.status)
+                except RPCError as err:
+                    if err.status != RPCStatusCode.NOT_FOUND:
+                        raise
+                    continue  # never started: nothing on it
+                held += [b.batch_id for b in st.batches] + [f"{st.held} slots"] * bool(st.held)
+            return held
+
+        await poll_until(
+            batches_on_routes,
+            lambda held: not held,
+            timeout=within,
+            what=f"the route schedulers of stack {self.suffix} to count no batch",
+            interval=0.2,
+        )
 
     async def end_batches(self, within: float = 90, workspaces: list[str] | None = None) -> None:
         """Cancel the stack's running batches and wait until they ended (terminating what did

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from backfill.sim import SimConfig
 from backfill.sim.faults import SimFault
 from tests.e2e.conftest import MakeStack
-from tests.e2e.stack import API_KEY, Stack, auth, input_ids, jsonl
+from tests.e2e.stack import Stack, auth, input_ids, jsonl
 from tests.polling import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ class Cli:
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "OPENAI_BASE_URL": f"{stack.api_url}/v1",
-            "OPENAI_API_KEY": API_KEY,
+            "OPENAI_API_KEY": stack.key(),
             "TERM": "xterm-256color",
         }
         env.pop("COLUMNS", None)
@@ -125,10 +125,10 @@ async def cli(stack: Stack, *args: str, cwd: Path, within: float = 300) -> tuple
 
 @pytest.mark.parametrize("tty", [True, False], ids=["terminal", "no-terminal"])
 async def test_submit_wait_shows_progress_through_a_pause_and_saves_the_files(
-    make_stack: MakeStack, tmp_path: Path, tty: bool
+    lease_stack: MakeStack, tmp_path: Path, tty: bool
 ) -> None:
-    stack = await make_stack(cap=32, sim=SimConfig(model_names=[], latency_ms=10))
-    n = 600
+    stack = await lease_stack(cap=32, sim=SimConfig(model_names=[], latency_ms=10))
+    n = 600  # size is the subject: still running when the pause lands, on 2 loaded cores
     source = tmp_path / "requests.jsonl"
     source.write_bytes(jsonl(n, prefix="cli"))
     run = Cli(stack, ["submit", str(source), "--wait", "--interval", "0.5"], tmp_path, tty=tty)
@@ -142,7 +142,7 @@ async def test_submit_wait_shows_progress_through_a_pause_and_saves_the_files(
             what="a fifth of the lines done",
             interval=0.2,
         )
-        async with httpx.AsyncClient(base_url=stack.api_url, headers=auth()) as http:
+        async with httpx.AsyncClient(base_url=stack.api_url, headers=stack.auth()) as http:
             assert (await http.post(f"/v1/batches/{batch_id}/pause")).status_code == 200
             await run.seen(r"Paused by alpha-key")
             paused = await client.batches.retrieve(batch_id)
@@ -171,7 +171,7 @@ async def test_retry_of_failed_lines_completes_exactly_those(
 ) -> None:
     sim = SimConfig(model_names=[], latency_ms=5, faults=[SimFault(status=400, rate=0.05)])
     stack = await make_stack(cap=8, sim=sim)
-    n = 400
+    n = 200  # the simulator's faults are seeded: 12 of the first 200 draws fail
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl(n, prefix="r"))
     rc, out = await cli(stack, "submit", str(source), "--wait", cwd=tmp_path)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus
@@ -19,14 +19,16 @@ from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.lifecycle import SUMMARY_MEMO
 from backfill.sim import SimConfig
-from tests.e2e.stack import Stack, auth, input_ids, output_ids, submit, wait_terminal
+from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def can_stack(tmp_path: Path) -> AsyncIterator[Stack]:
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def can_server_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """The module's dev server and stack; each test leases its own workspaces (`can_stack`)."""
+    tmp = tmp_path_factory.mktemp("continue-as-new")
     server = DevServer(
-        tmp_path / "temporal",
+        tmp / "temporal",
         port=free_port(),
         ui_port=None,
         dynamic_config={"limit.historyCount.suggestContinueAsNew": 60},
@@ -34,17 +36,35 @@ async def can_stack(tmp_path: Path) -> AsyncIterator[Stack]:
     server.start()
     try:
         await server.wait_ready_async(timeout=60)
-        s = Stack(tmp_path, server.address, cap=3, sim=SimConfig(model_names=[], latency_ms=30))
+        s = Stack(
+            tmp, server.address, cap=3, sim=SimConfig(model_names=[], latency_ms=30), tenants=4
+        )
         async with s.running():
             yield s
     finally:
         await asyncio.to_thread(server.stop)
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def can_stack(can_server_stack: Stack) -> AsyncIterator[Stack]:
+    leased = can_server_stack.lease()
+    try:
+        yield leased
+    finally:
+        await leased.stop()
+
+
+async def scheduler_runs(stack: Stack) -> int:
+    temporal = await connect_client(stack.temporal_address)
+    query = f"WorkflowId = '{scheduler_workflow_id(stack.route_id)}'"
+    return len([ex async for ex in temporal.list_workflows(query)])
+
+
 async def test_continue_as_new_loses_nothing(can_stack: Stack) -> None:
     stack = can_stack
     url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
-    admin = {"Authorization": "Bearer sk-test-admin"}
+    admin = stack.auth("sk-test-admin")
+    runs_before = await scheduler_runs(stack)  # the other test may have run on this route
     async with httpx.AsyncClient(headers=admin) as http:
         # A setting that differs from the config: it must live in the scheduler's state.
         assert (await http.put(url, json={"max_concurrent_lines": 2})).status_code == 200
@@ -60,13 +80,7 @@ async def test_continue_as_new_loses_nothing(can_stack: Stack) -> None:
         assert batch.request_counts.completed == sizes[key]
     assert stack.sim.app.stats_dict()["batch"]["peak_concurrent"] <= 2
     temporal = await connect_client(stack.temporal_address)
-    sched_runs = [
-        ex
-        async for ex in temporal.list_workflows(
-            f"WorkflowId = '{scheduler_workflow_id(stack.route_id)}'"
-        )
-    ]
-    assert len(sched_runs) > 1, "the scheduler never continued as new"
+    assert await scheduler_runs(stack) > max(runs_before, 1), "the scheduler never continued"
     batch_runs = [
         ex async for ex in temporal.list_workflows(f"WorkflowId = '{batches['sk-test-alpha']}'")
     ]
@@ -93,7 +107,7 @@ async def test_a_workspaces_batches_are_found_by_search_attributes_with_details_
         return [ex async for ex in temporal.list_workflows(f"WorkflowId = '{batch_id}'")]
 
     await poll_until(runs, lambda r: len(r) > 1, timeout=120, what="the batch continuing as new")
-    async with httpx.AsyncClient(headers=auth()) as http:
+    async with httpx.AsyncClient(headers=stack.auth()) as http:
         resp = await http.post(f"{stack.api_url}/v1/batches/{batch_id}/pause")
         assert resp.status_code == 200, resp.text
 
