@@ -123,7 +123,8 @@ class LineActivities:
                 else:
                     send = self._send(route, input, request, custom_id, line_no, rid)
                     answer = await self._send_preemptible(self.preempt, input, line_no, send)
-                self._journal(input, request, rid, answer)  # at once: a cancel may end the `with`
+                if not answer.outcome.held:  # a line held at the door sent nothing
+                    self._journal(input, request, rid, answer)  # now: a cancel may end the `with`
         except Exception as err:  # a bug, not an answer: the line ends failed, never lost
             activity.logger.exception("line %d of %s failed unexpectedly", line_no, input.batch_id)
             return await self._commit(input.batch_id, _unexpected(custom_id, line_no, err))
@@ -151,10 +152,13 @@ class LineActivities:
         ticket = board.enter(input.route_id, input.preemptions)
         try:
             try:
-                await board.door(ticket)
+                may_send = await board.door(ticket)
             except BaseException:
                 send.close()  # never sent: cancelled while it waited for a seat
                 raise
+            if not may_send:  # no seat within the door's limit: back to the queue, not a try
+                send.close()
+                return Answer(b"", LineOutcome(line=line_no, preempted=True, held=True))
             sent = asyncio.ensure_future(send)
             stop = asyncio.ensure_future(ticket.preempted.wait())
             try:

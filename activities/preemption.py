@@ -7,11 +7,15 @@ shares (`backfill.gates.preempt`), the youngest preemptible lines are told to st
 `Ticket.preempted` event): the line activity closes the upstream request and returns
 `preempted`. A line about to go upstream waits at the door (`door`) while no seat is free beside
 live traffic, so a preempted line that the workflow starts again at once does not take the seat
-back before the route scheduler's allotment follows.
+back before the route scheduler's allotment follows. It waits at most `DOOR_LIMIT` seconds, well
+inside its activity's clock: then the line goes back to its batch's queue, `held`, with nothing
+counted (waiting is not a try; a line must never time out, or count as lost, at the door).
 
 With a live-latency target in the policy, the board also holds seats back from batch lines
 (`held_back`, at most once per `ADJUST_EVERY` seconds, from the highest TTFT the fresh reports
-carry): the door and the preemption count with `batch_seats − held_back`.
+carry): the door and the preemption count with `batch_seats − held_back`. Every change is
+handed to `on_held_back` (the worker tells the route's scheduler, whose allotment leaves those
+seats out: `worker.held_back`).
 
 A worker sees only its own lines: with several workers each preempts by its own, so preemption is
 conservative (it never ends more lines than the excess). Everything runs on the worker's event
@@ -34,6 +38,10 @@ REPORT_TTL = 5.0
 preemption is on): an api that died stops holding seats, a route switched off stops preempting."""
 DOOR_RECHECK = 1.0
 """Seconds a line at the door waits before looking again without a report (reports expire)."""
+DOOR_LIMIT = 30.0
+"""Seconds a line waits at the door at most before it goes back to its batch's queue (`held`).
+Its activity's clock is the line timeout + 60 s (`workflows.line_activity`): the door and the
+request both fit in it."""
 ADJUST_EVERY = 1.0
 """Seconds between two changes of the seats held back for the live-latency target."""
 RATE_WEIGHT = 0.2
@@ -72,9 +80,18 @@ class _Route:
 
 
 class PreemptBoard:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        on_held_back: Callable[[str, int], None] | None = None,
+        door_limit: float = DOOR_LIMIT,
+    ) -> None:
         self._clock = clock
+        self.door_limit = door_limit
+        """Seconds a line waits at the door at most (`DOOR_LIMIT`)."""
         self._routes: dict[str, _Route] = {}
+        self._on_held_back = on_held_back
+        """Called with (route, seats) whenever the seats held back from a route change."""
 
     def _route(self, route: str) -> _Route:
         return self._routes.setdefault(route, _Route())
@@ -126,6 +143,7 @@ class PreemptBoard:
         fresh = self._fresh(r)
         policy = max(fresh, key=lambda p: p.at).policy if fresh else None
         target = policy.ttft_target_ms if policy is not None else None
+        before = r.held_back
         if target is None or policy is None:
             r.held_back = 0
         elif now - r.adjusted_at >= ADJUST_EVERY:
@@ -134,6 +152,8 @@ class PreemptBoard:
             r.held_back = held_back(r.held_back, observed, target, policy.batch_seats)
             r.adjusted_at = now
         BATCH_SEATS_HELD_BACK.labels(route).set(r.held_back)
+        if r.held_back != before and self._on_held_back is not None:
+            self._on_held_back(route, r.held_back)
 
     def _preempt(self, route: str) -> int:
         r = self._route(route)
@@ -159,19 +179,25 @@ class PreemptBoard:
         self._route(route).tickets.append(ticket)
         return ticket
 
-    async def door(self, ticket: Ticket) -> None:
-        """Return when the line may go upstream: at once unless preemption is on for its route
-        and no seat is free beside live traffic; then it is counted as sending."""
+    async def door(self, ticket: Ticket) -> bool:
+        """True when the line may go upstream (then it is counted as sending): at once unless
+        preemption is on for its route and no seat is free beside live traffic. False when no
+        seat came free within `door_limit` seconds: the line is not sent."""
         r = self._route(ticket.route)
+        give_up = self._clock() + self.door_limit
         while True:
             live, policy = self._current(r)
             sending = sum(1 for t in r.tickets if t.sent_at is not None)
             if policy is None or may_send(policy, live, sending):
                 break
+            left = give_up - self._clock()
+            if left <= 0:
+                return False
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(DOOR_RECHECK):
+                async with asyncio.timeout(min(DOOR_RECHECK, left)):
                     await r.changed.wait()
         ticket.sent_at = self._clock()
+        return True
 
     def leave(self, ticket: Ticket) -> None:
         r = self._route(ticket.route)

@@ -76,6 +76,7 @@ async def _document(
             limit=status.limit,
             ramping_to=status.ramping_to,
             live_in_flight=status.live_in_flight,
+            seats_held_back=status.seats_held_back,
             state=status.state,
             reason=status.reason,
             reason_detail=status.reason_detail,

@@ -204,6 +204,9 @@ class SchedulingStatus(BaseModel):
     ramping)."""
     live_in_flight: int = 0
     """Live requests in flight on the route, summed over every api process reporting."""
+    seats_held_back: int = 0
+    """Seats the workers hold back from batch lines for preemptive yield's live TTFT target,
+    beyond `keep_free` (the allotment leaves them out)."""
     state: Literal["open", "paused"] = "open"
     """`paused`: a gate holds every new line back; running lines finish."""
     reason: str | None = None

@@ -17,6 +17,7 @@ from backfill.gates.live import LiveCount
 from backfill.gates.preempt import PreemptPolicy
 from backfill.gates.ramp import RampState
 from backfill.gates.registry import settings_fields
+from backfill.gates.seats import HeldBackCount
 from backfill.gates.server_load import LoadVerdict, ServerLoadSettings
 from backfill.lanes import Lane
 
@@ -145,6 +146,9 @@ class SchedulerInput(BaseModel):
     """The server-load signal's last verdict (None: none since it was set: closed)."""
     ramp: RampState | None = None
     """The reopen ramp's state while `reopen_ramp` is set (None: off, or not decided yet)."""
+    held_back: dict[str, HeldBackCount] = Field(default_factory=dict)
+    """Seats each worker holds back from batch lines for the live-latency target (by worker),
+    as it last reported them (`report_held_back`)."""
 
 
 class BatchStatusEntry(BaseModel):
@@ -193,6 +197,9 @@ class SchedulerStatus(BaseModel):
     reason_detail: str | None = None
     live_in_flight: int = 0
     """Live requests in flight on the route, summed over every api process reporting."""
+    seats_held_back: int = 0
+    """Seats the workers hold back from batch lines for the live-latency target (preemptive
+    yield's `live_ttft_target_ms`), beyond `keep_free`."""
     backoff_until: float | None = None
 
 
@@ -201,6 +208,14 @@ class LiveReport(BaseModel):
 
     process: str
     in_flight: int
+
+
+class HeldBackReport(BaseModel):
+    """A worker's seats held back from the route's batch lines for its live-latency target
+    (`report_held_back` signal: at every change, and renewed while not 0)."""
+
+    worker: str
+    seats: int
 
 
 class LiveGateView(BaseModel):
@@ -327,6 +342,10 @@ class LineOutcome(BaseModel):
     """With `preempted`: the tokens it had likely generated, thrown away (an estimate: its time
     upstream × the route's tokens per second per line on that worker; 0 before a line there
     completed)."""
+    held: bool = False
+    """With `preempted`: never sent, it waited at the worker's door (no seat free beside live
+    traffic) as long as a run may wait (`activities.preemption.DOOR_LIMIT`); run it again, no
+    preemption, retry or loss counted. Waiting is not a try."""
 
 
 class DemandInput(BaseModel):

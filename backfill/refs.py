@@ -31,6 +31,7 @@ from backfill.messages import (
     Allotment,
     BatchInput,
     Demand,
+    HeldBackReport,
     LiveGateView,
     LiveReport,
     LoadVerdict,
@@ -105,6 +106,10 @@ class RouteSchedulerWorkflow:
 
     @workflow.signal
     def rate_limited(self, r: RateLimited) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def report_held_back(self, r: HeldBackReport) -> None:
         raise NotImplementedError
 
     @workflow.signal

@@ -32,6 +32,7 @@ from backfill.store import Store, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
 from worker.exporter import Exporter
+from worker.held_back import HeldBackReporter
 from worker.lag import log_every
 from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
@@ -204,9 +205,10 @@ async def serve(settings: Settings) -> None:
     sdk_bind = sdk_metrics_bind()
     client = await connect(settings, metrics_bind=sdk_bind)
     # Preemptive yield's direct channel: only with its shared token (decision 0023).
-    board, channel = None, None
+    board, channel, held_back = None, None, None
     if settings.preempt_token and runs_activities(settings.worker_role):
-        board = PreemptBoard()
+        held_back = HeldBackReporter(client).start()
+        board = PreemptBoard(on_held_back=held_back.changed)
         channel = PreemptChannel(board, asyncio.get_running_loop(), settings.preempt_token)
     metrics_server = start_metrics(settings, sdk_bind, channel)
     exporter = asyncio.create_task(Exporter(client, settings).run())
@@ -231,6 +233,8 @@ async def serve(settings: Settings) -> None:
         exporter.cancel()
     if metrics_server is not None:
         metrics_server.stop()
+    if held_back is not None:
+        await held_back.stop()
     # Leaving the block shut the worker down: polling stopped at once, running activities had
     # up to `graceful_shutdown_timeout` (they keep heartbeating meanwhile), then were cancelled.
     log.info("worker stopped")

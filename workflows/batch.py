@@ -205,10 +205,15 @@ class BatchWorkflow:
             lane.requeue(position, tries.model_copy(update={"lost": tries.lost + 1}))
         else:
             if outcome.preempted and workflow.patched(patches.PREEMPTED_LINE_REQUEUED):
-                # Live traffic took its seat back: first in the queue again, no back-off, no
-                # retry counted (`Tries.preempted` bounds it: the worker lets it finish later);
-                # the lane counts it and the tokens it wasted (`backfill.routes[]`).
-                lane.requeue_preempted(position, tries, outcome.wasted_tokens)
+                if outcome.held and workflow.patched(patches.HELD_LINE_REQUEUED):
+                    # It waited at the worker's door, never sent: first in the queue again
+                    # with nothing counted (waiting is not a try).
+                    lane.requeue(position, tries)
+                else:
+                    # Live traffic took its seat back: first in the queue again, no back-off,
+                    # no retry counted (`Tries.preempted` bounds it: the worker lets it finish
+                    # later); the lane counts it and the tokens it wasted (`backfill.routes[]`).
+                    lane.requeue_preempted(position, tries, outcome.wasted_tokens)
             elif outcome.retry:
                 lane.requeue(position, tries.model_copy(update={"retries": tries.retries + 1}))
                 # Retry-After holds this batch's lane too, not only (once the scheduler has

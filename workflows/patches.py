@@ -71,6 +71,14 @@ queue, without back-off and without counting a retry; `Tries.preempted` counts i
 for such an outcome, which no worker returned before: every older history replays without it.
 Old branch (unreachable in recorded histories): the outcome was taken as a finished line."""
 
+HELD_LINE_REQUEUED = "held-line-requeued"
+"""A line outcome `held` (preemptive yield: the line waited at its worker's door, never sent, as
+long as a run may wait) goes back to the front of its lane's queue with nothing counted: no
+preemption, retry or loss (waiting is not a try). Asked only for such an outcome, which no
+worker returned before. Old branch (unreachable in recorded histories): it was taken as a
+preemption, counted in `Tries.preempted` and the lane's `preempted_lines`. History:
+`batch_held_at_door.v1`."""
+
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""
@@ -83,6 +91,14 @@ allotments grow by doublings, each woken by the scheduler's gate timer. Asked on
 setting is on, which no route had before: every older history replays without it. Old branch
 (unreachable in recorded histories): the limit followed the gates at once. History:
 `route_scheduler_reopen_ramp.v1`."""
+
+SEATS_HELD_BACK = "seats-held-back"
+"""The seat-aware allotment leaves out the seats the workers hold back for preemptive yield's
+live-latency target (their `report_held_back` signals, `backfill.gates.seats`), so lines that
+could only wait at a worker's door are not allotted. Asked the first time a worker reports
+seats held back, which no worker did before: every older history replays without it. Old
+branch (unreachable in recorded histories): the allotment followed `seats − keep_free` only.
+History: `route_scheduler_held_back.v1`."""
 
 # ---- Alarm (workflows/alarm.py) ----
 ALARM_KEEPS_DUE_TIMERS = "alarm-keeps-due-timers"

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from backfill.gates import server_load as load_gate
     from backfill.gates.backoff import back_off
     from backfill.gates.live import LiveCount, forget_stale, live_in_flight
+    from backfill.gates.seats import held_back_seats, keep_held_back
     from backfill.messages import (
         Ack,
         Allotment,
@@ -35,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         BatchStatusEntry,
         ClosedBatchesInput,
         Demand,
+        HeldBackReport,
         LiveGateView,
         LiveReport,
         LoadVerdict,
@@ -63,6 +65,9 @@ class RouteSchedulerWorkflow:
         self._gate_alarm = Alarm(self._on_gate_alarm)
         self._watcher: asyncio.Future[None] | None = None
         self._watching: WatchLoadInput | None = None
+        self._held_back_on = False
+        """Seats the workers hold back count in the seat-aware allotment (patch
+        `seats-held-back`, asked the first time a worker reports some)."""
         self._limit: int | None = None
         """The gates' limit at the last decision (None: none, as on every route whose gates
         give no number): a change replans the fair shares."""
@@ -203,6 +208,15 @@ class RouteSchedulerWorkflow:
         self._dirty = True
 
     @workflow.signal
+    def report_held_back(self, r: HeldBackReport) -> None:
+        """A worker's seats held back from batch lines for the live-latency target changed (or
+        is renewed): the seat-aware allotment leaves them out, so no line is sent only to wait
+        at a worker's door."""
+        now = workflow.now().timestamp()
+        self._state.held_back = keep_held_back(self._state.held_back, now, r.worker, r.seats)
+        self._dirty = True
+
+    @workflow.signal
     def server_load(self, v: LoadVerdict) -> None:
         """The server-load watcher's verdict changed."""
         self._state.load = v
@@ -257,6 +271,7 @@ class RouteSchedulerWorkflow:
             load=s.load,
             batch_lines=sum(b.held for b in s.batches.values()),
             cap=s.settings.max_concurrent_lines,
+            held_back=s.held_back if self._held_back_on else {},
         )
 
     def _gate(self, now: datetime | None = None) -> Gate:
@@ -275,6 +290,12 @@ class RouteSchedulerWorkflow:
         asked only then) its state is kept and its next doubling is in `wake_at`, so the gate
         alarm wakes the scheduler for it."""
         s = self._state
+        if (
+            not self._held_back_on
+            and held_back_seats(s.held_back, workflow.now().timestamp()) > 0
+            and workflow.patched(patches.SEATS_HELD_BACK)
+        ):
+            self._held_back_on = True
         context = self._context()
         gate = route_gate(s.settings, context)
         setting = ramp_gate.ENTRY.setting(s.settings)
@@ -447,6 +468,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         reason=gate.reason or (_held_back(gate) if queued else None),
         reason_detail=gate.detail,
         live_in_flight=live_in_flight(s.live, now),
+        seats_held_back=held_back_seats(s.held_back, now),
         backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
     )
 

@@ -19,6 +19,7 @@ from backfill.reasons import WaitReason
 if TYPE_CHECKING:  # the gates' own state types (their modules import this one)
     from backfill.gates.backoff import Backoff
     from backfill.gates.live import LiveCount
+    from backfill.gates.seats import HeldBackCount
     from backfill.gates.server_load import LoadVerdict
 
 S = TypeVar("S", bound=BaseModel)
@@ -40,6 +41,9 @@ class GateContext:
     """Batch lines the route counts as running (the slots batches hold)."""
     cap: int = 2
     """"Batch lines at once"."""
+    held_back: Mapping[str, HeldBackCount] = field(default_factory=dict)
+    """Seats each worker holds back for the live-latency target, as it last reported them
+    (empty on a run from before the patch `seats-held-back`)."""
 
     @property
     def at(self) -> float:

@@ -6,9 +6,15 @@ clamped to [0, "Batch lines at once"]: the live count is the gateway's own (as "
 traffic" counts it); the other running requests are the server-load reading's running count
 minus the batch lines the route runs, while a fresh reading is there (the server-load signal on),
 else none. No seat left: closed, "Keeping seats free for live traffic".
+
+With preemptive yield's live-latency target the workers hold more seats back from batch lines
+(docs/decisions/0025); they report how many (`HeldBackCount`, the highest fresh report counts),
+so the allotment stops sending lines that could only wait at a worker's door.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,6 +26,11 @@ MAX_SEATS = 100_000
 READING_FRESH_SECONDS = 15.0
 """A server-load reading older than this is not counted (the watcher reads every 5 s but
 signals only when its verdict changes)."""
+HELD_BACK_TTL = 30.0
+"""Seconds a worker's non-zero held-back report counts without being renewed (workers renew it
+every `HELD_BACK_RENEW`): a worker that died stops holding seats back."""
+HELD_BACK_RENEW = 10.0
+"""Seconds between a worker's renewals of a non-zero held-back report."""
 
 
 class SeatAware(BaseModel):
@@ -39,6 +50,37 @@ class SeatAware(BaseModel):
         return self
 
 
+class HeldBackCount(BaseModel):
+    """Seats one worker holds back from the route's batch lines, as the scheduler recorded it."""
+
+    seats: int
+    at: float
+    """When the scheduler recorded it (unix seconds, workflow time)."""
+
+
+def held_back_seats(counts: Mapping[str, HeldBackCount], now: float) -> int:
+    """Seats held back from batch lines now: the highest fresh report (every worker follows
+    the same live TTFT, so each holds back about as many; the most cautious one counts)."""
+    return max((c.seats for c in counts.values() if now - c.at < HELD_BACK_TTL), default=0)
+
+
+def keep_held_back(
+    counts: Mapping[str, HeldBackCount], now: float, worker: str, seats: int
+) -> dict[str, HeldBackCount]:
+    """The reports after `worker` reported `seats` at `now`: stale ones and zeros dropped."""
+    kept = {w: c for w, c in counts.items() if w != worker and now - c.at < HELD_BACK_TTL}
+    if seats > 0:
+        kept[worker] = HeldBackCount(seats=seats, at=now)
+    return kept
+
+
+def held_back_expiry(counts: Mapping[str, HeldBackCount], now: float) -> float | None:
+    """When the earliest non-zero held-back report would be forgotten (None: none would)."""
+    times = [c.at + HELD_BACK_TTL for c in counts.values() if c.seats > 0]
+    future = [t for t in times if t > now]
+    return min(future) if future else None
+
+
 def others_running(ctx: GateContext) -> tuple[int, float | None]:
     """Requests the server reports running besides the route's batch lines (0 without a fresh
     reading), and when that reading stops being fresh."""
@@ -55,14 +97,18 @@ def decide(setting: SeatAware, ctx: GateContext) -> GateAnswer:
     """The batch lines the free seats allow (a limit), or closed when none is free."""
     live = live_in_flight(ctx.live, ctx.at)
     others, stale_at = others_running(ctx)
-    free = setting.seats - setting.keep_free - live - others
+    held = held_back_seats(ctx.held_back, ctx.at)
+    free = setting.seats - setting.keep_free - held - live - others
     allowed = max(0, min(free, ctx.cap))
-    wakes = [t for t in (live_expiry(ctx.live, ctx.at), stale_at) if t is not None]
+    expiries = (live_expiry(ctx.live, ctx.at), stale_at, held_back_expiry(ctx.held_back, ctx.at))
+    wakes = [t for t in expiries if t is not None]
     wake = min(wakes) if wakes else None
     if allowed == 0:
         detail = (
             f"{setting.seats} seats: {setting.keep_free} kept free, {live} live, {others} other"
         )
+        if held:
+            detail += f", {held} held back for the live TTFT target"
         return GateAnswer(False, WaitReason.SEATS, detail=detail, wake_at=wake)
     return GateAnswer(True, wake_at=wake, limit=allowed)
 

@@ -31,9 +31,12 @@ import httpx
 from temporalio.client import Client, WorkflowHistory
 
 from backfill.dev.devserver import DevServer, connect_client, free_port
+from backfill.gates.preempt import PreemptPolicy
 from backfill.ids import scheduler_workflow_id
+from backfill.messages import LiveCountReport
 from backfill.sim import SimConfig
 from tests.e2e.stack import API_KEY, Stack, submit, wait_terminal
+from tests.e2e.test_preempt_door import live_streams
 from tests.polling import poll_until
 from tests.workflows.events import (
     E,
@@ -46,7 +49,13 @@ from tests.workflows.events import (
     updated,
 )
 from workflows.batch import BatchWorkflow
-from workflows.patches import ALARMS_ON_TIME, REOPEN_RAMP, WEBHOOK_EVENTS
+from workflows.patches import (
+    ALARMS_ON_TIME,
+    HELD_LINE_REQUEUED,
+    REOPEN_RAMP,
+    SEATS_HELD_BACK,
+    WEBHOOK_EVENTS,
+)
 
 OUT = Path(__file__).parent / "histories"
 VERSION = "v1"
@@ -434,6 +443,103 @@ async def continued_as_new() -> None:
                 save(f"{name}.run{i:02d}", h)
 
 
+async def held_back() -> None:
+    """Preemptive yield holding lines back (patches held-line-requeued and seats-held-back).
+
+    1. An api process the route's scheduler never heard from (this recorder, on the worker's
+       real channel) fills every shared seat: the lines the scheduler allots wait at the
+       worker's door until its limit, and come back `held`.
+    2. Live streams whose time to first token is over a 1 ms target: the worker holds both
+       shared seats back and tells the scheduler, whose allotment drops to 0."""
+    token = "record-preempt"
+    async with dev_stack(
+        cap=2, sim=SimConfig(model_names=[], latency_ms=300), preempt_token=token
+    ) as (stack, temporal):
+        admin = {"Authorization": "Bearer sk-test-admin"}
+        url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
+        channel = f"http://127.0.0.1:{stack.worker_metrics_ports[0]}/preempt/live"
+        seats = {"seats": 3, "keep_free": 1}
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.put(
+                url,
+                json={"max_concurrent_lines": 2, "seat_aware": seats, "preempt": {}},
+                headers=admin,
+            )
+            assert r.status_code == 200, r.text
+            batch_id = await submit(stack, 4, prefix="door")
+
+            async def fill_every_seat() -> None:
+                while True:
+                    report = LiveCountReport(
+                        route=stack.route_id,
+                        process="recorder",
+                        live=2,
+                        policy=PreemptPolicy(batch_seats=2, max_preemptions=100),
+                    )
+                    await http.post(
+                        channel,
+                        content=report.model_dump_json(),
+                        headers={"Authorization": f"Bearer {token}"},
+                    )
+                    await asyncio.sleep(1)
+
+            async def held_outcome() -> bool:
+                h = await temporal.get_workflow_handle(batch_id).fetch_history()
+                return (
+                    find(
+                        h,
+                        E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+                        lambda e: (completed_result(e) or {}).get("held") is True,
+                    )
+                    >= 0
+                )
+
+            filler = asyncio.ensure_future(fill_every_seat())
+            try:
+                await until(held_outcome, bool, "a line back from the door, held")
+            finally:
+                filler.cancel()
+            assert (await wait_terminal(stack.client(), batch_id)).status == "completed"
+            h = await temporal.get_workflow_handle(batch_id).fetch_history()
+            require(
+                h, E.EVENT_TYPE_MARKER_RECORDED, "held marker", patch_marker(HELD_LINE_REQUEUED)
+            )
+            if not recorded("batch_held_at_door"):
+                save("batch_held_at_door", h)
+
+            r = await http.put(
+                url,
+                json={
+                    "max_concurrent_lines": 2,
+                    "seat_aware": seats,
+                    "preempt": {"live_ttft_target_ms": 1},
+                },
+                headers=admin,
+            )
+            assert r.status_code == 200, r.text
+            client = stack.client()
+
+            batch_id = await submit(stack, 6, prefix="heldback")
+            live = asyncio.ensure_future(live_streams(client))
+            try:
+                await until(
+                    lambda: http.get(url, headers=admin),
+                    lambda r: (
+                        r.json()["status"]["seats_held_back"] == 2
+                        and [b["allotment"] for b in r.json()["status"]["batches"]] == [0]
+                    ),
+                    "the scheduler leaving the 2 held-back seats out",
+                )
+            finally:
+                live.cancel()
+            assert (await wait_terminal(client, batch_id)).status == "completed"
+        scheduler = temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id))
+        h = await scheduler.fetch_history()
+        require(h, E.EVENT_TYPE_MARKER_RECORDED, "held-back marker", patch_marker(SEATS_HELD_BACK))
+        if not recorded("route_scheduler_held_back"):
+            save("route_scheduler_held_back", h)
+
+
 def expiry() -> None:
     """From the time-skipping test, which saves it when BACKFILL_RECORD_HISTORIES is set."""
     subprocess.run(
@@ -443,7 +549,13 @@ def expiry() -> None:
     )
 
 
-SCENARIOS = [*ONE_STACK, "batch_continue_as_new_chain", "batch_expired"]
+SCENARIOS = [
+    *ONE_STACK,
+    "batch_continue_as_new_chain",
+    "batch_expired",
+    "batch_held_at_door",
+    "route_scheduler_held_back",
+]
 
 
 def main(argv: list[str]) -> None:
@@ -461,6 +573,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(continued_as_new())
     if "batch_expired" in wanted:
         expiry()
+    if {"batch_held_at_door", "route_scheduler_held_back"} & set(wanted):
+        asyncio.run(held_back())
 
 
 if __name__ == "__main__":

@@ -53,6 +53,10 @@ def test_histories_exist() -> None:
         "batch_failed_announced.v1",
         # the route's limit raised with the reopen ramp on (patch reopen-ramp)
         "route_scheduler_reopen_ramp.v1",
+        # a line back from a worker's door unsent (patch held-line-requeued), and the seats
+        # the workers hold back left out of the allotment (patch seats-held-back)
+        "batch_held_at_door.v1",
+        "route_scheduler_held_back.v1",
     } <= names
 
 
