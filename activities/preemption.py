@@ -1,9 +1,13 @@
 """Preemptive yield on a worker: which of its running batch lines give their seat back, now.
 
 The api processes send each route's live count straight to every worker (`report`, through the
-worker's HTTP server: docs/decisions/0023); this board holds those counts and the lines this
-worker runs per route. When live requests and batch lines together need more seats than the route
-shares (`backfill.gates.preempt`), the youngest preemptible lines are told to stop (their
+worker's HTTP server: docs/decisions/0023); this board holds those counts, each route's policy as
+its scheduler holds it (`set_policy`: a report carries counts, never policy) and the lines this
+worker runs per route. An api process that stops reporting is forgotten, and a route holds at
+most `MAX_PROCESSES` of them: whoever reaches the channel cannot grow the board.
+
+When live requests and batch lines together need more seats than the route shares
+(`backfill.gates.preempt`), the youngest preemptible lines are told to stop (their
 `Ticket.preempted` event): the line activity closes the upstream request and returns
 `preempted`. A line about to go upstream waits at the door (`door`) while no seat is free beside
 live traffic, so a preempted line that the workflow starts again at once does not take the seat
@@ -31,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backfill.gates.preempt import PreemptPolicy, excess, held_back, lines_to_preempt, may_send
-from backfill.metrics import BATCH_SEATS_HELD_BACK
+from backfill.metrics import BATCH_SEATS_HELD_BACK, REPORTING_PROCESSES
 
 REPORT_TTL = 5.0
 """Seconds an api process's report counts without being renewed (they renew every second while
@@ -44,6 +48,8 @@ Its activity's clock is the line timeout + 60 s (`workflows.line_activity`): the
 request both fit in it."""
 ADJUST_EVERY = 1.0
 """Seconds between two changes of the seats held back for the live-latency target."""
+MAX_PROCESSES = 256
+"""Api processes a route's counts are kept for at once; a report from one more is dropped."""
 RATE_WEIGHT = 0.2
 """Weight of the newest completed line in a route's tokens-per-second estimate."""
 
@@ -63,13 +69,14 @@ class Ticket:
 @dataclass
 class _Report:
     live: int
-    policy: PreemptPolicy | None
     at: float
     ttft_ms: float | None = None
 
 
 @dataclass
 class _Route:
+    policy: PreemptPolicy | None = None
+    """The route's policy as its scheduler last answered (None: preemption off)."""
     reports: dict[str, _Report] = field(default_factory=dict)
     tickets: list[Ticket] = field(default_factory=list)
     tokens_per_second: float | None = None
@@ -96,38 +103,53 @@ class PreemptBoard:
     def _route(self, route: str) -> _Route:
         return self._routes.setdefault(route, _Route())
 
-    # ---- what the api processes say ----
-    def report(
-        self,
-        route: str,
-        process: str,
-        live: int,
-        policy: PreemptPolicy | None,
-        ttft_ms: float | None = None,
-    ) -> int:
-        """An api process's live count on `route`, the route's policy and the process's recent
-        live TTFT; returns how many lines were told to stop."""
+    # ---- what the route's scheduler and the api processes say ----
+    def set_policy(self, route: str, policy: PreemptPolicy | None) -> int:
+        """The route's policy as its scheduler holds it now (`worker.preempt_channel`
+        `PolicyReader`); returns how many lines were told to stop."""
         r = self._route(route)
-        r.reports[process] = _Report(max(0, live), policy, self._clock(), ttft_ms)
+        if policy == r.policy:
+            return 0
+        r.policy = policy
         self._adjust(route, r)
+        self._wake(r)
+        return self._preempt(route)
+
+    def report(self, route: str, process: str, live: int, ttft_ms: float | None = None) -> int:
+        """An api process's live count on `route` and its recent live TTFT; returns how many
+        lines were told to stop. Processes that stopped reporting are forgotten here; a new one
+        beyond `MAX_PROCESSES` is not kept."""
+        r = self._route(route)
+        now = self._clock()
+        r.reports = {p: rep for p, rep in r.reports.items() if now - rep.at < REPORT_TTL}
+        if process not in r.reports and len(r.reports) >= MAX_PROCESSES:
+            return 0
+        r.reports[process] = _Report(max(0, live), now, ttft_ms)
+        REPORTING_PROCESSES.labels(route).set(len(r.reports))
+        self._adjust(route, r)
+        self._wake(r)
+        return self._preempt(route)
+
+    @staticmethod
+    def _wake(r: _Route) -> None:
         r.changed.set()
         r.changed = asyncio.Event()  # waiters hold the old one, now set
-        return self._preempt(route)
 
     def _fresh(self, r: _Route) -> list[_Report]:
         now = self._clock()
         return [p for p in r.reports.values() if now - p.at < REPORT_TTL]
 
     def _current(self, r: _Route) -> tuple[int, PreemptPolicy | None]:
-        """(live in flight summed over every api process still reporting, the newest policy with
-        the seats held back for the live-latency target taken off its `batch_seats`)."""
+        """(live in flight summed over every api process still reporting, the route's policy
+        with the seats held back for the live-latency target taken off its `batch_seats`; None
+        while no api process reports: a silent channel preempts nothing)."""
         fresh = self._fresh(r)
-        if not fresh:
+        if not fresh or r.policy is None:
             return 0, None
-        newest = max(fresh, key=lambda p: p.at).policy
-        if newest is not None and r.held_back:
-            newest = newest.model_copy(update={"batch_seats": newest.batch_seats - r.held_back})
-        return sum(p.live for p in fresh), newest
+        policy = r.policy
+        if r.held_back:
+            policy = policy.model_copy(update={"batch_seats": policy.batch_seats - r.held_back})
+        return sum(p.live for p in fresh), policy
 
     def policy(self, route: str) -> PreemptPolicy | None:
         return self._current(self._route(route))[1]
@@ -141,7 +163,7 @@ class PreemptBoard:
         TTFT the fresh reports carry."""
         now = self._clock()
         fresh = self._fresh(r)
-        policy = max(fresh, key=lambda p: p.at).policy if fresh else None
+        policy = r.policy if fresh else None
         target = policy.ttft_target_ms if policy is not None else None
         before = r.held_back
         if target is None or policy is None:
@@ -203,8 +225,7 @@ class PreemptBoard:
         r = self._route(ticket.route)
         with contextlib.suppress(ValueError):
             r.tickets.remove(ticket)
-        r.changed.set()
-        r.changed = asyncio.Event()
+        self._wake(r)
 
     def finished(self, ticket: Ticket, tokens: int) -> None:
         """The line's answer came, with `tokens` generated since it went upstream (the route's

@@ -5,9 +5,10 @@ live arrival; a Temporal signal through the route scheduler and the batch to the
 takes hundreds of milliseconds or more (docs/decisions/0023). So each api process POSTs the
 route's live count to every worker's HTTP server (`BACKFILL_PREEMPT_WORKER_URLS`, bearer
 `BACKFILL_PREEMPT_TOKEN`) at every change, and once a second as a keep-alive (a worker forgets a
-count not renewed in 5 s). Which routes have it on, and their seats, come from the scheduler's
-`live_gate` query (no history), re-read every `POLICY_TTL` seconds by a task of its own, so a
-live arrival's report never waits behind a Temporal query. Temporal or a worker being down never
+count not renewed in 5 s). Which routes have it on comes from the scheduler's `live_gate` query
+(no history), re-read every `POLICY_TTL` seconds by a task of its own, so a live arrival's
+report never waits behind a Temporal query. Only counts are sent: each worker reads the route's
+policy from the scheduler itself. Temporal or a worker being down never
 affects live traffic: failures are logged and the next change or tick tries again.
 """
 
@@ -19,21 +20,16 @@ import logging
 import time
 
 import httpx
-from temporalio.service import RPCError, RPCStatusCode
 
 from api.live_traffic import LiveTraffic
 from api.temporal_link import TemporalLink
-from backfill import refs
 from backfill.gates.preempt import PreemptPolicy
-from backfill.ids import scheduler_workflow_id
 from backfill.messages import LiveCountReport
+from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
 
 log = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 1.0
-POLICY_TTL = 5.0
-"""Seconds a route's policy is reused before the scheduler is asked again (turning preemption
-on or off takes effect within this)."""
 SEND_TIMEOUT = 1.0
 
 
@@ -106,7 +102,6 @@ class PreemptSender:
             route=route,
             process=self.process,
             live=self.live.count(route),
-            policy=self._policies.get(route),
             ttft_ms=self.live.recent_ttft_ms(route),
         )
         body = report.model_dump_json().encode()
@@ -139,15 +134,6 @@ class PreemptSender:
     async def _read_policies(self) -> None:
         for route in self.routes:
             try:
-                handle = self.link.client().get_workflow_handle_for(
-                    refs.RouteSchedulerWorkflow.run, scheduler_workflow_id(route)
-                )
-                view = await handle.query(refs.RouteSchedulerWorkflow.live_gate)
-                self._policies[route] = view.preempt
-            except RPCError as err:
-                if err.status == RPCStatusCode.NOT_FOUND:
-                    self._policies[route] = None  # no scheduler: no batch line to end
-                else:
-                    log.debug("preemption policy of %s not read: %s", route, err)
+                self._policies[route] = await read_preempt_policy(self.link.client(), route)
             except Exception as err:  # Temporal down or slow: keep what we had
                 log.debug("preemption policy of %s not read: %s", route, err)

@@ -235,17 +235,21 @@ class LiveGateView(BaseModel):
 
 class LiveCountReport(BaseModel):
     """An api process's live count on a route, sent straight to each worker while the route's
-    preemptive yield is on (`POST /preempt/live` of the worker's HTTP server)."""
+    preemptive yield is on (`POST /preempt/live` of the worker's HTTP server). Counts only: the
+    worker reads the route's policy from its scheduler (`backfill.preempt_policy`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     route: str = Field(min_length=1, max_length=200)
+    """A configured route (the worker refuses any other)."""
     process: str = Field(min_length=1, max_length=200)
-    live: int = Field(ge=0, le=1_000_000)
+    live: int = Field(ge=0, le=100_000)
     """Live requests in flight on the route in that process."""
-    policy: PreemptPolicy | None
-    """The route's preemption policy as the api last read it (None: off)."""
-    ttft_ms: float | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0, le=3_600_000, allow_inf_nan=False)
+    policy: dict[str, object] | None = Field(default=None, exclude=True)
+    """Ignored: api processes of earlier versions sent the route's policy here (a worker of this
+    version reads it from the route's scheduler); accepted so they keep working while the two
+    versions run side by side."""
     """The p90 time to first token of the process's streamed live requests on the route over the
     last few seconds (None: none), for the live-latency target."""
 

@@ -43,6 +43,12 @@ BATCH_SEATS_HELD_BACK = Gauge(
     "route's live TTFT target (preemptive yield's live_ttft_target_ms).",
     ["route"],
 )
+REPORTING_PROCESSES = Gauge(
+    "gateway_preempt_reporting_processes",
+    "Api processes whose live counts this worker holds for the route (preemptive yield's "
+    "channel; a process not heard from in 5 s is forgotten at the route's next report).",
+    ["route"],
+)
 WASTED_TOKENS = Counter(
     "gateway_batch_wasted_tokens_total",
     "Tokens preempted batch lines had generated, estimated: time upstream x the route's tokens "

@@ -36,7 +36,7 @@ from worker.held_back import HeldBackReporter
 from worker.lag import log_every
 from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
-from worker.preempt_channel import PreemptChannel
+from worker.preempt_channel import PolicyReader, PreemptChannel
 from worker.retention import ensure_schedule
 from worker.upstream import upstream_client
 from workflows.admission import AdmissionWorkflow
@@ -205,11 +205,14 @@ async def serve(settings: Settings) -> None:
     sdk_bind = sdk_metrics_bind()
     client = await connect(settings, metrics_bind=sdk_bind)
     # Preemptive yield's direct channel: only with its shared token (decision 0023).
-    board, channel, held_back = None, None, None
+    board, channel, held_back, policies = None, None, None, None
     if settings.preempt_token and runs_activities(settings.worker_role):
+        routes = [r.id for m in settings.models for r in m.routes]
         held_back = HeldBackReporter(client).start()
         board = PreemptBoard(on_held_back=held_back.changed)
-        channel = PreemptChannel(board, asyncio.get_running_loop(), settings.preempt_token)
+        policies = PolicyReader(client, board, routes).start()
+        loop = asyncio.get_running_loop()
+        channel = PreemptChannel(board, loop, settings.preempt_token, routes)
     metrics_server = start_metrics(settings, sdk_bind, channel)
     exporter = asyncio.create_task(Exporter(client, settings).run())
     signals = StopSignals(settings.shutdown_grace_seconds)
@@ -235,6 +238,8 @@ async def serve(settings: Settings) -> None:
         metrics_server.stop()
     if held_back is not None:
         await held_back.stop()
+    if policies is not None:
+        await policies.stop()
     # Leaving the block shut the worker down: polling stopped at once, running activities had
     # up to `graceful_shutdown_timeout` (they keep heartbeating meanwhile), then were cancelled.
     log.info("worker stopped")

@@ -14,6 +14,7 @@ import socket
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -23,6 +24,13 @@ log = logging.getLogger(__name__)
 
 SDK_FETCH_TIMEOUT = 2.0
 """Seconds to read the SDK's own endpoint on loopback while answering a scrape."""
+SOCKET_TIMEOUT = 5.0
+"""Seconds a connection may stay silent (mid-request, or idle between keep-alive requests)
+before the server closes it: a slow or stalled client does not keep a thread."""
+MAX_CONNECTIONS = 32
+"""Connections served at once (a thread each); one more is closed at once. Scrapes and the api
+processes' live counts need a handful: the limit keeps a flood of connections from taking the
+threads and memory of the process that runs the batch lines."""
 
 
 def sdk_metrics_bind() -> str:
@@ -32,9 +40,47 @@ def sdk_metrics_bind() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A `ThreadingHTTPServer` that serves at most `limit` connections at once and closes one
+    more at once (never queued: a queued connection would hold the client waiting)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type, limit: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def content_length(value: str | None) -> int | None:
+    """A request's `Content-Length` as a byte count (0 when absent); None when it is not one
+    (not digits, several values)."""
+    if value is None:
+        return 0
+    value = value.strip()
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
 class MetricsServer:
     """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop),
-    and, with preemptive yield's channel, `POST /preempt/live` (`worker.preempt_channel`)."""
+    and, with preemptive yield's channel, `POST /preempt/live` (`worker.preempt_channel`). At
+    most `MAX_CONNECTIONS` at once, each closed after `SOCKET_TIMEOUT` s of silence; a request
+    whose length is not a byte count within `MAX_BODY` is answered 400."""
 
     def __init__(
         self,
@@ -48,11 +94,20 @@ class MetricsServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # api processes keep their connection for live counts
+            timeout = SOCKET_TIMEOUT
 
             def do_POST(self) -> None:  # noqa: N802  # http.server's name
-                length = int(self.headers.get("Content-Length") or 0)
-                if preempt is None or self.path != PATH or not 0 < length <= MAX_BODY:
-                    self.send_error(404 if preempt is None or self.path != PATH else 400)
+                if preempt is None or self.path != PATH:
+                    self.send_error(404)
+                    return
+                length = content_length(self.headers.get("Content-Length"))
+                if (
+                    length is None
+                    or not 0 < length <= MAX_BODY
+                    or "Transfer-Encoding" in self.headers
+                ):
+                    self.close_connection = True  # the body's end is unknown: nothing follows
+                    self.send_error(400)
                     return
                 status = preempt.handle(self.headers.get("Authorization"), self.rfile.read(length))
                 self.send_response(status)
@@ -73,8 +128,7 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape every 15 s is not worth a log line
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        self.server = BoundedHTTPServer((host, port), Handler, MAX_CONNECTIONS)
         self.thread = threading.Thread(
             target=self.server.serve_forever, name="metrics", daemon=True
         )

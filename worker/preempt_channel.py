@@ -5,27 +5,46 @@ the route's preemptive yield is on); the request is authenticated with the share
 `BACKFILL_PREEMPT_TOKEN` (a bearer token, compared in constant time) and handed to the worker's
 event loop, where `PreemptBoard` ends the lines live traffic needs the seats of
 (docs/decisions/0023). The HTTP server's thread never waits for the loop.
+
+A report carries counts only, for a configured route only: what each route's seats and bounds
+are, the worker reads from the route's scheduler itself (`PolicyReader`), so whoever reaches the
+channel can neither widen nor narrow a route, nor grow the board with made-up routes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import logging
+from collections.abc import Iterable
 
 from pydantic import ValidationError
+from temporalio.client import Client
 
 from activities.preemption import PreemptBoard
 from backfill.messages import LiveCountReport
+from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
+
+log = logging.getLogger(__name__)
 
 PATH = "/preempt/live"
 MAX_BODY = 4096
 
 
 class PreemptChannel:
-    def __init__(self, board: PreemptBoard, loop: asyncio.AbstractEventLoop, token: str) -> None:
+    def __init__(
+        self,
+        board: PreemptBoard,
+        loop: asyncio.AbstractEventLoop,
+        token: str,
+        routes: Iterable[str],
+    ) -> None:
         self.board = board
         self.loop = loop
         self._token = f"Bearer {token}".encode()
+        self.routes = frozenset(routes)
+        """The configured routes: a report on any other is refused."""
 
     def handle(self, authorization: str | None, body: bytes) -> int:
         """The HTTP status of one request (called on the server's thread)."""
@@ -35,12 +54,43 @@ class PreemptChannel:
             report = LiveCountReport.model_validate_json(body)
         except ValidationError:
             return 400
+        if report.route not in self.routes:
+            return 400
         self.loop.call_soon_threadsafe(
-            self.board.report,
-            report.route,
-            report.process,
-            report.live,
-            report.policy,
-            report.ttft_ms,
+            self.board.report, report.route, report.process, report.live, report.ttft_ms
         )
         return 204
+
+
+class PolicyReader:
+    """Keeps the board's policy of every configured route as its scheduler holds it: read now
+    and every `POLICY_TTL` seconds (a query: no history). Temporal down or slow: the board keeps
+    what it had."""
+
+    def __init__(self, client: Client, board: PreemptBoard, routes: Iterable[str]) -> None:
+        self._client = client
+        self._board = board
+        self._routes = sorted(set(routes))
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> PolicyReader:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def read(self) -> None:
+        for route in self._routes:
+            try:
+                self._board.set_policy(route, await read_preempt_policy(self._client, route))
+            except Exception as err:
+                log.debug("preemption policy of %s not read: %s", route, err)
+
+    async def _run(self) -> None:
+        while True:
+            await self.read()
+            await asyncio.sleep(POLICY_TTL)

@@ -24,7 +24,7 @@ from backfill.gates.seats import (
     keep_held_back,
 )
 from backfill.messages import LineOutcome
-from tests.unit.test_preemption import POLICY, Clock, hanging_upstream, preemptible
+from tests.unit.test_preemption import POLICY, Clock, hanging_upstream, preemptible, report
 from tests.unit.test_run_line import BATCH, line
 from workflows.line_activity import LINE_HEARTBEAT_SECONDS
 
@@ -39,7 +39,7 @@ async def test_a_line_held_at_the_door_past_its_limit_goes_back_unsent(tmp_path:
     transport, release, seen = hanging_upstream()
     board = PreemptBoard(door_limit=0.05)
     acts, file_id = await preemptible(tmp_path, transport, board)
-    board.report("r1", "api-a", 4, POLICY)  # live fills every shared seat
+    report(board, "r1", "api-a", 4, POLICY)  # live fills every shared seat
     inp = line(file_id, final=False).model_copy(update={"timeout_seconds": 30})
     outcome: LineOutcome = await asyncio.wait_for(ActivityEnvironment().run(acts.run_line, inp), 5)
     # Not sent, nothing committed, nothing wasted: the workflow puts it back in the queue.
@@ -48,7 +48,7 @@ async def test_a_line_held_at_the_door_past_its_limit_goes_back_unsent(tmp_path:
     assert seen == [] and acts.store.get_result(BATCH, 0) is None
     assert board._routes["r1"].tickets == []  # it left the board
     # Live traffic leaves: the same line goes upstream and is committed.
-    board.report("r1", "api-a", 0, POLICY)
+    report(board, "r1", "api-a", 0, POLICY)
     release.set()
     again = await ActivityEnvironment().run(acts.run_line, inp)
     assert again.ok and seen == ["sent"]
@@ -59,13 +59,13 @@ def test_every_change_of_the_seats_held_back_is_handed_on() -> None:
     changes: list[tuple[str, int]] = []
     board = PreemptBoard(clock, on_held_back=lambda route, n: changes.append((route, n)))
     target = PreemptPolicy(batch_seats=4, max_preemptions=100, ttft_target_ms=400)
-    board.report("r1", "api-a", 0, target, ttft_ms=900.0)
+    report(board, "r1", "api-a", 0, target, ttft_ms=900.0)
     clock.now += ADJUST_EVERY
-    board.report("r1", "api-a", 0, target, ttft_ms=900.0)
+    report(board, "r1", "api-a", 0, target, ttft_ms=900.0)
     clock.now += ADJUST_EVERY
-    board.report("r1", "api-a", 0, target, ttft_ms=390.0)  # between: kept, not handed on
+    report(board, "r1", "api-a", 0, target, ttft_ms=390.0)  # between: kept, not handed on
     clock.now += ADJUST_EVERY
-    board.report("r1", "api-a", 0, POLICY)  # the target removed: nothing held back
+    report(board, "r1", "api-a", 0, POLICY)  # the target removed: nothing held back
     assert changes == [("r1", 1), ("r1", 2), ("r1", 0)]
 
 

@@ -79,4 +79,5 @@ async def test_a_live_arrival_is_sent_while_the_policy_read_hangs(monkeypatch: A
                     got.clear()
     finally:
         await sender.stop()
-    assert reports[-1]["route"] == "r1" and reports[-1]["policy"]["batch_seats"] == 6
+    # Counts only: each worker reads the route's policy from the scheduler itself.
+    assert reports[-1]["route"] == "r1" and "policy" not in reports[-1]

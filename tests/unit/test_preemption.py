@@ -36,6 +36,19 @@ from worker.preempt_channel import PreemptChannel
 POLICY = PreemptPolicy(batch_seats=4, max_preemptions=2)
 
 
+def report(
+    board: PreemptBoard,
+    route: str,
+    process: str,
+    live: int,
+    policy: PreemptPolicy | None,
+    ttft_ms: float | None = None,
+) -> int:
+    """The route's policy as its scheduler holds it (`set_policy`) and one api process's
+    report; the lines told to stop by both."""
+    return board.set_policy(route, policy) + board.report(route, process, live, ttft_ms)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -80,32 +93,32 @@ async def test_a_live_count_over_the_shared_seats_stops_the_youngest_lines() -> 
         t = board.enter("r1", preemptions)
         await board.door(t)  # no report yet: preemption is off, the door is open
         tickets.append(t)
-    assert board.report("r1", "api-a", 0, POLICY) == 0  # 4 lines, 0 live: fits in 4
-    assert board.report("r1", "api-a", 1, POLICY) == 1
+    assert report(board, "r1", "api-a", 0, POLICY) == 0  # 4 lines, 0 live: fits in 4
+    assert report(board, "r1", "api-a", 1, POLICY) == 1
     assert [t.preempted.is_set() for t in tickets] == [False, False, False, True]
     board.leave(tickets[3])
     # Two api processes' counts add up; the line preempted twice runs to its end.
-    assert board.report("r1", "api-b", 2, POLICY) == 2
+    assert report(board, "r1", "api-b", 2, POLICY) == 2
     assert [t.preempted.is_set() for t in tickets[:3]] == [True, True, False]
     # Preemption off (the route's policy None): nothing more is stopped.
     other = board.enter("r2", 0)
     await board.door(other)
-    assert board.report("r2", "api-a", 50, None) == 0 and not other.preempted.is_set()
+    assert report(board, "r2", "api-a", 50, None) == 0 and not other.preempted.is_set()
 
 
 async def test_a_line_waits_at_the_door_while_no_seat_is_free_and_reports_expire() -> None:
     clock = Clock()
     board = PreemptBoard(clock)
-    board.report("r1", "api-a", 4, POLICY)  # live fills the 4 shared seats
+    report(board, "r1", "api-a", 4, POLICY)  # live fills the 4 shared seats
     t = board.enter("r1", 0)
     door = asyncio.ensure_future(board.door(t))
     await asyncio.sleep(0.01)
     assert not door.done() and t.sent_at is None
-    board.report("r1", "api-a", 3, POLICY)  # one seat free
+    report(board, "r1", "api-a", 3, POLICY)  # one seat free
     await asyncio.wait_for(door, 1)
     assert t.sent_at == clock.now
     # An api process that stops renewing its count stops holding seats.
-    board.report("r1", "api-a", 4, POLICY)
+    report(board, "r1", "api-a", 4, POLICY)
     clock.now += REPORT_TTL
     assert board.policy("r1") is None
     await asyncio.wait_for(board.door(board.enter("r1", 0)), 1)
@@ -131,14 +144,14 @@ async def test_a_live_ttft_target_narrows_the_door_and_preempts_to_keep_it() -> 
         t = board.enter("r1", 0)
         await board.door(t)
         tickets.append(t)
-    assert board.report("r1", "api-a", 0, target, ttft_ms=300.0) == 0  # within: nothing held
+    assert report(board, "r1", "api-a", 0, target, ttft_ms=300.0) == 0  # within: nothing held
     assert board.held_back("r1") == 0
     # The live TTFT goes over the target: one seat held back, then two (once a second).
     clock.now += ADJUST_EVERY
-    assert board.report("r1", "api-a", 0, target, ttft_ms=900.0) == 1
-    assert board.report("r1", "api-a", 0, target, ttft_ms=900.0) == 0  # not within the second
+    assert report(board, "r1", "api-a", 0, target, ttft_ms=900.0) == 1
+    assert report(board, "r1", "api-a", 0, target, ttft_ms=900.0) == 0  # not within the second
     clock.now += ADJUST_EVERY
-    assert board.report("r1", "api-a", 0, target, ttft_ms=900.0) == 1
+    assert report(board, "r1", "api-a", 0, target, ttft_ms=900.0) == 1
     assert board.held_back("r1") == 2
     assert [t.preempted.is_set() for t in tickets] == [False, False, True, True]
     for t in tickets[2:]:
@@ -150,11 +163,11 @@ async def test_a_live_ttft_target_narrows_the_door_and_preempts_to_keep_it() -> 
     assert not door.done()
     # Well under the target: a seat is given back each second, and the door opens.
     clock.now += REPORT_TTL  # api-a's 900 ms expires with its report
-    board.report("r1", "api-b", 0, target, ttft_ms=100.0)
+    report(board, "r1", "api-b", 0, target, ttft_ms=100.0)
     assert board.held_back("r1") == 1
     await asyncio.wait_for(door, 1)
     # Without a target nothing is held back.
-    board.report("r1", "api-b", 0, POLICY, ttft_ms=5000.0)
+    report(board, "r1", "api-b", 0, POLICY, ttft_ms=5000.0)
     assert board.held_back("r1") == 0
 
 
@@ -229,7 +242,7 @@ async def test_a_preempted_line_closes_its_request_and_commits_nothing(tmp_path:
     running = asyncio.ensure_future(ActivityEnvironment().run(acts.run_line, inp))
     await until_sending(acts)
     clock.now += 3  # 3 s upstream at 50 tokens per second
-    acts.preempt.report("r1", "api-a", 4, POLICY)  # live fills every shared seat
+    report(acts.preempt, "r1", "api-a", 4, POLICY)  # live fills every shared seat
     outcome: LineOutcome = await asyncio.wait_for(running, 5)
     assert outcome.preempted and not outcome.ok and not outcome.retry
     assert outcome.wasted_tokens == 150  # for the batch to count (`backfill.routes[]`)
@@ -238,7 +251,7 @@ async def test_a_preempted_line_closes_its_request_and_commits_nothing(tmp_path:
     assert counter("gateway_batch_preempted_lines_total") == before + 1
     assert counter("gateway_batch_wasted_tokens_total") == wasted_before + 150
     # Live traffic leaves; the line runs again (as the workflow requeues it) and is committed.
-    acts.preempt.report("r1", "api-a", 0, POLICY)
+    report(acts.preempt, "r1", "api-a", 0, POLICY)
     release.set()
     again = await ActivityEnvironment().run(
         acts.run_line, inp.model_copy(update={"preemptions": 1})
@@ -254,7 +267,7 @@ async def test_a_line_preempted_max_times_runs_to_its_end(tmp_path: Path) -> Non
     inp = line(file_id).model_copy(update={"timeout_seconds": 30, "preemptions": 2})
     running = asyncio.ensure_future(ActivityEnvironment().run(acts.run_line, inp))
     await until_sending(acts)
-    assert acts.preempt.report("r1", "api-a", 4, POLICY) == 0
+    assert report(acts.preempt, "r1", "api-a", 4, POLICY) == 0
     release.set()
     outcome = await asyncio.wait_for(running, 5)
     assert outcome.ok and seen == ["sent"]
@@ -271,7 +284,7 @@ async def test_a_preemption_as_the_line_commits_changes_nothing(tmp_path: Path) 
     commit = acts.store.commit_result
 
     def commit_while_preempted(batch_id: str, line_no: int, data: bytes):  # type: ignore[no-untyped-def]
-        board.report("r1", "api-a", 4, POLICY)  # arrives as the record is written
+        report(board, "r1", "api-a", 4, POLICY)  # arrives as the record is written
         return commit(batch_id, line_no, data)
 
     acts.store.commit_result = commit_while_preempted  # type: ignore[method-assign]
@@ -279,7 +292,7 @@ async def test_a_preemption_as_the_line_commits_changes_nothing(tmp_path: Path) 
     assert outcome.ok and not outcome.preempted
     first = acts.store.get_result(BATCH, 0)
     # The same line run again (its earlier run's worker was thought lost): the record stands.
-    board.report("r1", "api-a", 0, POLICY)
+    report(board, "r1", "api-a", 0, POLICY)
     again = await ActivityEnvironment().run(acts.run_line, line(file_id))
     assert again.ok and acts.store.get_result(BATCH, 0) == first
     assert json.loads(first or b"{}")["custom_id"] == "c0"
@@ -290,10 +303,9 @@ async def test_a_preemption_as_the_line_commits_changes_nothing(tmp_path: Path) 
 
 async def test_the_channel_needs_the_token_and_a_valid_report() -> None:
     board = PreemptBoard()
-    channel = PreemptChannel(board, asyncio.get_running_loop(), "s3cret")
-    body = json.dumps(
-        {"route": "r1", "process": "api-a", "live": 2, "policy": POLICY.model_dump()}
-    ).encode()
+    board.set_policy("r1", POLICY)  # as the route's scheduler holds it
+    channel = PreemptChannel(board, asyncio.get_running_loop(), "s3cret", ["r1"])
+    body = json.dumps({"route": "r1", "process": "api-a", "live": 2}).encode()
     assert channel.handle(None, body) == 401
     assert channel.handle("Bearer wrong", body) == 401
     assert channel.handle("Bearer s3cret", b'{"route": "r1"}') == 400

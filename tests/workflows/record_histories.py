@@ -31,7 +31,6 @@ import httpx
 from temporalio.client import Client, WorkflowHistory
 
 from backfill.dev.devserver import DevServer, connect_client, free_port
-from backfill.gates.preempt import PreemptPolicy
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import LiveCountReport
 from backfill.sim import SimConfig
@@ -474,7 +473,6 @@ async def held_back() -> None:
                         route=stack.route_id,
                         process="recorder",
                         live=2,
-                        policy=PreemptPolicy(batch_seats=2, max_preemptions=100),
                     )
                     await http.post(
                         channel,
