@@ -15,7 +15,7 @@ import hashlib
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from backfill.messages import FinalizeInput, FinalizeOutput
+from backfill.messages import RECORD_STRIDE, FinalizedFiles, FinalizeInput, FinalizeOutput
 from backfill.records import (
     END_MESSAGES,
     custom_id_of,
@@ -24,6 +24,10 @@ from backfill.records import (
     outcome_from_record,
 )
 from backfill.store import Store, Upload
+
+_OUTPUT_FIELDS = set(FinalizeOutput.model_fields)
+"""The activity's result is `FinalizeOutput` (in the workflow's history); the offsets stay in
+the store's record only."""
 
 
 class FinalizeActivities:
@@ -41,18 +45,21 @@ class FinalizeActivities:
         index and per-line results (retention)."""
         done = self.store.read_finalized(input.batch_id)
         if done is None:
-            out = self._assemble(input)
-            self.store.write_finalized(input.batch_id, out.model_dump_json().encode())
+            files = self._assemble(input)
+            self.store.write_finalized(input.batch_id, files.model_dump_json().encode())
+            out = FinalizeOutput.model_validate(files.model_dump(include=_OUTPUT_FIELDS))
         else:
             out = FinalizeOutput.model_validate_json(done)
         self.store.drop_batch_work(input.batch_id)
         return out
 
-    def _assemble(self, input: FinalizeInput) -> FinalizeOutput:
+    def _assemble(self, input: FinalizeInput) -> FinalizedFiles:
         """Lines that never ran get `batch_expired` / `batch_cancelled` records. Counts and
-        usage are summed here, from the records, as the files are written."""
+        usage are summed here, from the records, as the files are written, and so is where
+        every `RECORD_STRIDE`-th record of each file starts."""
         end_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(input.reason)
-        out = FinalizeOutput()
+        out = FinalizedFiles(stride=RECORD_STRIDE, output_offsets=[], error_offsets=[])
+        assert out.output_offsets is not None and out.error_offsets is not None
         usage = out.usage
         ok_up = self.store.begin_upload(max_bytes=1 << 62)
         err_up = self.store.begin_upload(max_bytes=1 << 62)
@@ -80,9 +87,13 @@ class FinalizeActivities:
                     usage.add(outcome.usage)
                 data = one_line(data)  # also a record committed before records were escaped
                 if outcome.ok:
+                    if out.completed % out.stride == 0:
+                        out.output_offsets.append(ok_up.size)
                     out.completed += 1
                     ok_up.write(data + b"\n")
                 else:
+                    if out.failed % out.stride == 0:
+                        out.error_offsets.append(err_up.size)
                     out.failed += 1
                     err_up.write(data + b"\n")
             out.output_file_id = self._publish(ok_up, input, "output")

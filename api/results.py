@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from api.batches import _describe
 from api.deps import ClientDep, IdentityDep, StoreDep
 from api.errors import InvalidRequest, NotFound
 from api.schemas import COMMON_ERRORS, error_responses
-from backfill.messages import FinalizeOutput
+from backfill.messages import FinalizedFiles
 from backfill.records import outcome_from_record
 from backfill.store import Store
 
@@ -48,6 +49,8 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRO
 
 PAGE_BYTES = 8 << 20
 """A page stops growing past this many bytes of records (it always holds at least one)."""
+PAGE_READERS = 4
+"""Pages read at once by one api process (more wait their turn)."""
 READ_AHEAD = 16
 """Per-line results read at once while a batch runs (one request each on S3)."""
 
@@ -88,14 +91,26 @@ class Cursor:
 
     @classmethod
     def parse(cls, text: str | None) -> Cursor:
+        """The cursor of `after`: two counts of ASCII digits (at most `CURSOR_DIGITS` each);
+        anything else is a 400 (`"²"` is a digit to `str.isdigit`, not to `int`)."""
         if text is None or text == "":
             return cls()
-        out, sep, err = text.partition(".")
-        if sep and out.isdigit() and err.isdigit():
-            return cls(int(out), int(err))
-        raise InvalidRequest(
-            f"Invalid cursor {text!r}: pass the `next_after` of the previous page.", param="after"
-        )
+        found = _CURSOR.fullmatch(text)
+        if found is None:
+            raise bad_cursor(text)
+        return cls(int(found[1]), int(found[2]))
+
+
+CURSOR_DIGITS = 15
+_CURSOR = re.compile(rf"([0-9]{{1,{CURSOR_DIGITS}}})\.([0-9]{{1,{CURSOR_DIGITS}}})")
+
+
+def bad_cursor(text: str, why: str = "") -> InvalidRequest:
+    shown = text if len(text) <= 40 else text[:40] + "…"
+    return InvalidRequest(
+        f"Invalid cursor {shown!r}{why}: pass the `next_after` of the previous page.",
+        param="after",
+    )
 
 
 @dataclass
@@ -150,8 +165,13 @@ async def batch_results(
         WorkflowExecutionStatus.RUNNING,
         WorkflowExecutionStatus.CONTINUED_AS_NEW,
     )
-    page, has_more = await asyncio.to_thread(read_page, store, batch_id, cursor, limit)
+    loop = asyncio.get_running_loop()
+    page, has_more = await loop.run_in_executor(_PAGES, read_page, store, batch_id, cursor, limit)
     return Response(page.body(has_more or running), media_type="application/json")
+
+
+_PAGES = ThreadPoolExecutor(PAGE_READERS, thread_name_prefix="result-pages")
+"""Pages are read here, not on the event loop's default pool the rest of the api shares."""
 
 
 def read_page(store: Store, batch_id: str, cursor: Cursor, limit: int) -> tuple[Page, bool]:
@@ -160,7 +180,7 @@ def read_page(store: Store, batch_id: str, cursor: Cursor, limit: int) -> tuple[
     be gone at any moment; a line found missing meanwhile only ends the page early."""
     done = store.read_finalized(batch_id)
     if done is not None:
-        return _from_files(store, FinalizeOutput.model_validate_json(done), cursor, limit)
+        return _from_files(store, FinalizedFiles.model_validate_json(done), cursor, limit)
     page = _from_lines(store, batch_id, cursor, limit)
     return page, page.full(limit)
 
@@ -170,7 +190,9 @@ def _from_lines(store: Store, batch_id: str, cursor: Cursor, limit: int) -> Page
     try:
         total = store.index_total(batch_id)
     except FileNotFoundError:  # still validating (or it never got an index)
-        return page
+        total = 0
+    if cursor.line > total:
+        raise bad_cursor(str(cursor), f": the batch has {total} lines")
     end = min(total, cursor.line + limit)
     with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="results") as pool:
         for start in range(cursor.line, end, READ_AHEAD):
@@ -188,18 +210,26 @@ def _from_lines(store: Store, batch_id: str, cursor: Cursor, limit: int) -> Page
 
 
 def _from_files(
-    store: Store, done: FinalizeOutput, cursor: Cursor, limit: int
+    store: Store, done: FinalizedFiles, cursor: Cursor, limit: int
 ) -> tuple[Page, bool]:
+    """From the assembled files, each read from the cursor's record on: by the sparse index
+    (`FinalizedFiles`) a page reads at most `stride - 1` records before its first, whatever the
+    cursor; a batch finalized before the index reads from the file's start."""
+    if cursor.output > done.completed or cursor.error > done.failed:
+        raise bad_cursor(
+            str(cursor), f": the batch has {done.completed} output and {done.failed} error records"
+        )
     page = Page(cursor)
-    files: list[tuple[FileKind, str | None, int]] = [
-        ("output", done.output_file_id, cursor.output),
-        ("error", done.error_file_id, cursor.error),
+    files: list[tuple[FileKind, str | None, int, int, list[int] | None]] = [
+        ("output", done.output_file_id, cursor.output, done.completed, done.output_offsets),
+        ("error", done.error_file_id, cursor.error, done.failed, done.error_offsets),
     ]
-    for kind, file_id, skip in files:
-        if file_id is None:
+    for kind, file_id, skip, count, offsets in files:
+        if file_id is None or skip >= count:
             continue
+        start, skip = _seek_point(skip, offsets, done.stride)
         try:
-            f = store.open_file(file_id)
+            f = store.open_file_from(file_id, start)
         except FileNotFoundError:
             raise NotFound(
                 f"The batch's {kind} file {file_id} is no longer available (deleted or expired).",
@@ -213,6 +243,14 @@ def _from_files(
                     return page, True
                 page.add(None, kind, record)
     return page, False
+
+
+def _seek_point(skip: int, offsets: list[int] | None, stride: int) -> tuple[int, int]:
+    """(byte offset to read from, records to pass over there) for the `skip`-th record."""
+    if not offsets or stride < 1:
+        return 0, skip
+    mark = min(skip // stride, len(offsets) - 1)
+    return offsets[mark], skip - mark * stride
 
 
 def _records(f: BinaryIO) -> Iterator[bytes]:

@@ -397,6 +397,21 @@ class FinalizeOutput(BaseModel):
     usage: TokenCounts = Field(default_factory=TokenCounts)
 
 
+RECORD_STRIDE = 256
+"""`FinalizedFiles` keeps where every this many-th record of each assembled file starts."""
+
+
+class FinalizedFiles(FinalizeOutput):
+    """What finalizing records in the store (`finalized.json`): its output, and a sparse index
+    of each assembled file (the byte offset of records 0, `stride`, 2 `stride`, ...), so partial
+    results read a page from its cursor, not from the file's start (`api.results`). Batches
+    finalized before the index have None (their pages scan from the start)."""
+
+    stride: int = RECORD_STRIDE
+    output_offsets: list[int] | None = None
+    error_offsets: list[int] | None = None
+
+
 class ClosedBatchesInput(BaseModel):
     batch_ids: list[str]
 

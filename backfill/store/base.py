@@ -188,6 +188,21 @@ class Store(ABC):
         """The file's content as a stream (close it); FileNotFoundError if there is none (or
         the id is malformed)."""
 
+    def open_file_from(self, file_id: str, offset: int) -> BinaryIO:
+        """The file's content from byte `offset` on (none past its end), without reading what
+        comes before where the backend can; FileNotFoundError as `open_file`."""
+        f = self.open_file(file_id)
+        if f.seekable():
+            f.seek(offset)
+            return f
+        left = offset
+        while left > 0:  # a backend whose stream cannot seek: read past the start
+            got = f.read(min(left, 1 << 20))
+            if not got:
+                break
+            left -= len(got)
+        return f
+
     def read_file(self, file_id: str) -> bytes:
         """The whole content at once: for small files and tests, never for a batch's input."""
         with self.open_file(file_id) as f:

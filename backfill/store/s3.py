@@ -272,6 +272,24 @@ class S3Store(Store):
             raise FileNotFoundError(file_id)
         return f
 
+    def open_file_from(self, file_id: str, offset: int) -> BinaryIO:
+        """A ranged GET from `offset`: the bytes before it are never transferred."""
+        if offset <= 0:
+            return self.open_file(file_id)
+        try:
+            key = self._file_key(file_id, "data")
+        except KeyError:
+            raise FileNotFoundError(file_id) from None
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-")
+        except ClientError as err:
+            if _code(err) in NOT_FOUND:
+                raise FileNotFoundError(file_id) from None
+            if _code(err) == "InvalidRange":  # at or past the end
+                return io.BytesIO(b"")
+            raise
+        return io.BufferedReader(_BodyReader(resp["Body"]), READ_BUFFER_BYTES)
+
     def delete_file(self, file_id: str) -> bool:
         try:
             meta = self._file_key(file_id, "json")

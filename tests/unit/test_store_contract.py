@@ -57,6 +57,16 @@ def test_upload_read_list_and_delete(store: Store) -> None:
     assert store.keys("files/") == sorted([f"files/{other}.data", f"files/{other}.json"])
 
 
+def test_a_file_opens_from_an_offset(store: Store) -> None:
+    data = b"first\nsecond\nthird\n"
+    file_id = upload(store, data)
+    for offset in (0, 6, len(data) - 1, len(data), len(data) + 5):
+        with store.open_file_from(file_id, offset) as f:
+            assert f.read() == data[offset:], offset
+    with pytest.raises(FileNotFoundError):
+        store.open_file_from("file-missing", 3)
+
+
 def test_ids_outside_the_store_are_refused(store: Store) -> None:
     assert store.get_file("../../etc/passwd") is None
     assert not store.delete_file("../x")
