@@ -23,7 +23,7 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.preemption import PreemptBoard, Ticket
-from backfill import metrics, strict_json
+from backfill import metrics, strict_json, tracing
 from backfill.config import RouteConfig, Settings
 from backfill.endpoints import REGISTRY, EndpointSpec
 from backfill.messages import LineInput, LineOutcome
@@ -215,6 +215,24 @@ class LineActivities:
         )
 
     async def _send(
+        self,
+        route: RouteConfig,
+        input: LineInput,
+        request: dict[str, Any],
+        custom_id: str,
+        line_no: int,
+        rid: str,
+    ) -> Answer:
+        """`_exchange`, in a trace's upstream span (identifiers only, never the body)."""
+        path = httpx.URL(route.base_url.rstrip("/") + REGISTRY[input.endpoint].upstream_path).path
+        with tracing.upstream_span(
+            path, route.id, rid, batch_id=input.batch_id, line=line_no, workspace=input.workspace
+        ) as span:
+            answer = await self._exchange(route, input, request, custom_id, line_no, rid)
+            tracing.answered(span, answer.outcome.status_code, answer.outcome.error_code)
+            return answer
+
+    async def _exchange(
         self,
         route: RouteConfig,
         input: LineInput,

@@ -34,8 +34,9 @@ from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.preempt_push import PreemptSender
 from api.request_id import RequestIdMiddleware
+from api.request_spans import RequestSpans
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
-from backfill import endpoints
+from backfill import endpoints, tracing
 from backfill.config import Settings
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -67,7 +68,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             link = TemporalLink.connected(client)
         else:
             link = TemporalLink(
-                lambda: connect(settings, interceptors=[BoundedRPCs()], retry_config=RETRY)
+                lambda: connect(
+                    settings,
+                    interceptors=[BoundedRPCs(), *tracing.interceptors()],
+                    retry_config=RETRY,
+                )
             )
         app.state.temporal = link
         link.start()
@@ -99,7 +104,15 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 
     # No /docs or /redoc: their pages load scripts from a CDN onto the console's origin.
     # The schema stays at /openapi.json.
-    app = FastAPI(title="backfill", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # FastAPI's own OpenTelemetry spans are off: the api's spans are `RequestSpans`' (one per
+    # request, identifiers only; decision 0029).
+    app = FastAPI(
+        title="backfill",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     errors.install(app)
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.
@@ -109,6 +122,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         rule_for=body_rules(settings),
         key_known=lambda k: settings.key_for(k) is not None,
     )
+    app.add_middleware(RequestSpans)  # when tracing is on; inside, so it knows the request id
     app.add_middleware(RequestIdMiddleware)
     app.include_router(files.router)
     app.include_router(batches.router)

@@ -29,6 +29,7 @@ from api.history_view import QUICK_QUERY, quick_query, started_input
 from api.retries import retries_of, retry_link
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from backfill import search_attributes as sa
+from backfill import tracing
 from backfill.admission import ReserveRequest
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.config import Settings
@@ -89,6 +90,7 @@ async def start_batch(
     now_ms = int(time.time() * 1000)
     now = now_ms // 1000
     batch_id = new_batch_id(now_ms)
+    tracing.annotate(batch_id=batch_id)
     limits = settings.workspace_limits(identity.workspace)
     lines = 0
     if limits.max_queued_lines is not None:

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from temporalio.client import Client
 
 from api.errors import Forbidden, Unauthorized
+from backfill import tracing
 from backfill.config import ApiKeyConfig, Role, Settings
 from backfill.store import Store
 
@@ -75,6 +76,7 @@ def get_identity(
     key = settings.key_for(token.strip())
     if key is None:
         raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    tracing.annotate(workspace=key.workspace)
     return identity_of(key)
 
 

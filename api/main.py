@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 
 from api.app import create_app
 from api.middleware import HstsOverHttps
+from backfill import tracing
 from backfill.config import Settings, check_exposure, warn_missing_upstream_keys
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ def server_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
 def run(settings: Settings) -> None:
     check_exposure(settings)
     warn_missing_upstream_keys(settings)  # the live proxy sends the routes' keys too
+    tracing.setup("backfill-api")  # off unless OTEL_* asks (docs/operator-guide.md)
     if settings.api_metrics_port is not None:
         metrics, _ = start_http_server(settings.api_metrics_port, settings.api_metrics_host)
         log.info("api /metrics on %s:%s", settings.api_metrics_host, metrics.server_port)

@@ -35,7 +35,7 @@ from api.live_traffic import LiveTraffic
 from api.live_usage import UsageReader
 from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
-from backfill import strict_json
+from backfill import strict_json, tracing
 from backfill.body_policy import refusal_message, refused_field
 from backfill.config import ModelConfig, Settings
 from backfill.endpoints import CHAT_USAGE, REGISTRY, EndpointSpec, UsageFields
@@ -286,14 +286,21 @@ class UpstreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.started = time.monotonic()
-        try:
-            await self._counted(receive, send)
-        finally:
-            if self.account is not None:
-                self.account(self.status, *(self.reader.tokens() if self.reader else (0, 0)))
-            LIVE_REQUEST_SECONDS.labels(self.route, "total").observe(
-                time.monotonic() - self.started
-            )
+        rid = self.upstream.headers.get("x-request-id", "")
+        with tracing.upstream_span(self.upstream.url.path, self.route, rid) as span:
+            tracing.inject(self.upstream.headers)  # this span is the upstream's parent
+            try:
+                await self._counted(receive, send)
+            finally:
+                code = int(self.status) if self.status.isdigit() else None
+                tracing.answered(span, code, None if code else self.status)
+                self._finished()
+
+    def _finished(self) -> None:
+        """The attempt's journal entry and total time, however it ended."""
+        if self.account is not None:
+            self.account(self.status, *(self.reader.tokens() if self.reader else (0, 0)))
+        LIVE_REQUEST_SECONDS.labels(self.route, "total").observe(time.monotonic() - self.started)
 
     async def _counted(self, receive: Receive, send: Send) -> None:
         with self.live.in_flight(self.route):

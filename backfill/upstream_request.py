@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from backfill import tracing
 from backfill.body_policy import outgoing_body
 from backfill.config import RouteConfig
 from backfill.endpoints import EndpointSpec
@@ -75,5 +76,6 @@ def build_upstream_request(
         key = os.environ.get(route.api_key_env)
         if key:
             sent["authorization"] = f"Bearer {key}"
+    tracing.inject(sent)  # the current span's `traceparent`, when tracing is on
     url = route.base_url.rstrip("/") + endpoint.upstream_path
     return http.build_request("POST", url, content=body, headers=sent, timeout=timeout)

@@ -25,6 +25,7 @@ from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
+from backfill import tracing
 from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -147,9 +148,17 @@ async def running_worker(
             max_heartbeat_throttle_interval=timedelta(seconds=MAX_HEARTBEAT_THROTTLE_SECONDS),
             **eager_options(settings.worker_eager_activities),
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+            **traced_sandbox(),
         )
         async with worker:
             yield worker
+
+
+def traced_sandbox() -> dict[str, Any]:
+    """With tracing on, the workflow sandbox passes `opentelemetry` through (the interceptor
+    comes with the client)."""
+    runner = tracing.workflow_runner()
+    return {"workflow_runner": runner} if runner is not None else {}
 
 
 class StopSignals:
@@ -202,8 +211,9 @@ def start_metrics(
 
 
 async def serve(settings: Settings) -> None:
+    tracing.setup("backfill-worker")  # off unless OTEL_* asks (docs/operator-guide.md)
     sdk_bind = sdk_metrics_bind()
-    client = await connect(settings, metrics_bind=sdk_bind)
+    client = await connect(settings, metrics_bind=sdk_bind, interceptors=tracing.interceptors())
     # Preemptive yield's direct channel: only with its shared token (decision 0023).
     board, channel, held_back, policies = None, None, None, None
     if settings.preempt_token and runs_activities(settings.worker_role):

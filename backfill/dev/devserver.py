@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 import sysconfig
@@ -199,7 +200,10 @@ class DevServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.db_path is not None:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        self._child.start(self.argv(), log_path=self.log_path)
+        # backfill's OTEL_* settings are for its own processes: the Go server reads them too and
+        # refuses to start on any exporter but otlp (OTEL_TRACES_EXPORTER=console).
+        unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OTEL_")}
+        self._child.start(self.argv(), env=unset, log_path=self.log_path)
 
     async def wait_ready_async(
         self,
