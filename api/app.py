@@ -105,7 +105,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
     # No /docs or /redoc: their pages load scripts from a CDN onto the console's origin.
     # The schema stays at /openapi.json.
     # FastAPI's own OpenTelemetry spans are off: the api's spans are `RequestSpans`' (one per
-    # request, identifiers only; decision 0029).
+    # request, identifiers only; decision 0030).
     app = FastAPI(
         title="backfill",
         lifespan=lifespan,
