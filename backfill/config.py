@@ -213,6 +213,9 @@ class Settings(BaseSettings):
     temporal_tls_key: Path | None = Field(default=None, validation_alias="TEMPORAL_TLS_KEY")
     task_queue: str = Field(default="backfill", validation_alias="BACKFILL_TASK_QUEUE")
     api_host: str = Field(default="127.0.0.1", validation_alias="BACKFILL_API_HOST")
+    dev_stack: bool = Field(default=False, validation_alias="BACKFILL_DEV_STACK")
+    """This is a development stack (`backfill dev` and the test stacks set it): only then may
+    the api serve the public dev keys of the repository's backfill.toml (`check_exposure`)."""
     api_port: int = Field(default=8000, validation_alias="BACKFILL_API_PORT")
     api_metrics_port: int | None = Field(
         default=None, ge=0, le=65535, validation_alias="BACKFILL_API_METRICS_PORT"
@@ -571,12 +574,24 @@ class UnsafeConfig(Exception):
 
 
 def check_exposure(settings: Settings) -> None:
-    """Refuse the shipped dev keys anywhere but loopback: they are in a public repository."""
+    """Refuse the shipped dev keys unless the stack says it is a development stack
+    (`BACKFILL_DEV_STACK`, set by `backfill dev`) and listens on loopback: they are in a
+    public repository. The host alone is not enough: an api on loopback behind a proxy on the
+    same host serves whoever reaches the proxy."""
     dev = settings.shipped_dev_keys()
-    if dev and settings.api_host not in LOOPBACK_HOSTS:
+    if not dev:
+        return
+    keys = (
+        f"the shipped dev key (sk-backfill-dev or another key of the repository's "
+        f"backfill.toml: {', '.join(dev)}) is configured"
+    )
+    if not settings.dev_stack:
         raise UnsafeConfig(
-            f"the api would listen on {settings.api_host} with the shipped dev key "
-            f"(sk-backfill-dev or another key of the repository's backfill.toml: "
-            f"{', '.join(dev)}) configured; remove it from the config "
-            "file (BACKFILL_CONFIG) or listen on 127.0.0.1"
+            f"{keys} and this is not a development stack; remove it from the config file "
+            "(BACKFILL_CONFIG), or run `backfill dev` (BACKFILL_DEV_STACK=1) for development"
+        )
+    if settings.api_host not in LOOPBACK_HOSTS:
+        raise UnsafeConfig(
+            f"{keys} and the api would listen on {settings.api_host}; a development stack "
+            "listens on 127.0.0.1"
         )

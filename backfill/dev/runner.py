@@ -173,6 +173,8 @@ def run(
             "TEMPORAL_API_KEY": None,
             "BACKFILL_API_HOST": api_host,
             "BACKFILL_API_PORT": str(api_port),
+            # A development stack: the api may serve the repository's public dev keys.
+            "BACKFILL_DEV_STACK": "1",
             "PYTHONUNBUFFERED": "1",
         }
         sim_args = ["--host", LOOPBACK, "--port", str(sim_port)]

@@ -199,6 +199,7 @@ class Stack:
             "BACKFILL_API_PORT": str(self.api_port),
             "BACKFILL_DATA_DIR": str(self.tmp / "data"),
             "BACKFILL_LOG_LEVEL": "WARNING",
+            "BACKFILL_DEV_STACK": "1",  # a test stack is a development stack
             "BACKFILL_SCHEDULER_RECONCILE_SECONDS": str(self.reconcile_seconds),
             # No retention Schedule per test stack on the shared server (test_retention's own).
             "BACKFILL_CLEANUP_INTERVAL_SECONDS": "0",

@@ -11,12 +11,14 @@ from pathlib import Path
 import httpx
 import openai
 
-from backfill.config import hash_key
+from backfill.config import DEV_KEY, hash_key
 from backfill.dev.procs import Child, backfill_argv, free_port, pid_alive, port_in_use
 from tests.e2e.stack import jsonl, wait_terminal
 from tests.polling import poll_until
 
-KEY = "sk-test-dev-command"
+KEY = DEV_KEY
+"""The repository's public dev key: served only because `backfill dev` declares a development
+stack (`BACKFILL_DEV_STACK`, `backfill.config.check_exposure`)."""
 
 
 async def test_backfill_dev_starts_runs_a_batch_and_stops_cleanly(tmp_path: Path) -> None:
