@@ -63,9 +63,10 @@ chromium:
 	[ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
 
 # The fast tier (docs/developing.md): lint, types, and the tests without the e2e stack (unit,
-# workflows), within 3 minutes. make test is the whole suite and what CI runs.
+# workflows) except those marked scale (their size is the subject), within 3 minutes. make test
+# is the whole suite and what CI runs.
 check: lint promtool
-	$(BIN)/pytest -q --durations=5 tests/unit tests/workflows
+	$(BIN)/pytest -q --durations=5 -m 'not scale' tests/unit tests/workflows
 
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
 # A run that collected no test fails (pytest exits 5): a green run must have tested something.

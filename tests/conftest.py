@@ -23,6 +23,14 @@ from temporalio.client import Client
 from backfill.dev.devserver import DevServer, connect_client, free_port
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "scale: a test whose size is the subject (a memory or CPU-time bound, a page limit); "
+        "make check leaves it out, make test runs it",
+    )
+
+
 @dataclass(frozen=True)
 class TemporalServer:
     address: str

@@ -51,6 +51,7 @@ def test_expired_files_are_deleted_and_others_kept(tmp_path: Path) -> None:
     assert store.get_file(file_id) is not None
 
 
+@pytest.mark.scale  # a memory bound: the size is the subject
 def test_finalizing_streams_its_files_in_bounded_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

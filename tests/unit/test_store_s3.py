@@ -103,6 +103,7 @@ def test_a_line_read_is_a_ranged_read_never_the_whole_input(s3: S3Store) -> None
     assert [raw for _, raw in s3.iter_lines("batch_rng", file_id)] == lines
 
 
+@pytest.mark.scale  # S3's DeleteObjects takes 1,000 keys: the size is the subject
 def test_dropping_a_batch_of_more_than_1000_results(s3: S3Store) -> None:
     for line in range(1005):
         s3.commit_result("batch_many", line, b"{}")

@@ -496,6 +496,7 @@ def test_large_file_too_many_requests_quickly() -> None:
     assert elapsed < SPEED_LIMIT_S
 
 
+@pytest.mark.scale  # a CPU-time bound: the size is the subject
 def test_fifty_thousand_lines_validate_fast() -> None:
     s = Settings(models=settings().models)
     content = "x" * 150
@@ -548,6 +549,7 @@ class GeneratedFile(io.RawIOBase):
         return out
 
 
+@pytest.mark.scale  # a memory bound: the size is the subject
 def test_a_100k_line_file_validates_in_bounded_memory() -> None:
     """Validation streams: Python's peak allocation for a 100,000-line (30 MB) file is the index
     (16 bytes a line), the custom_id hashes (about 20 bytes a line) and one read chunk; no
