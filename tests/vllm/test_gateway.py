@@ -17,27 +17,14 @@ from typing import Any
 import httpx
 import pytest_asyncio
 
-from tests.e2e.stack import Stack, wait_terminal
+from tests.e2e.stack import wait_terminal
 from tests.e2e.test_live_gates import put_settings, scheduling
 from tests.polling import poll_until
 from tests.vllm.conftest import VllmPool
-from tests.vllm.upstreams import SEATS, Upstream
+from tests.vllm.upstreams import SEATS, Upstream, VllmStack
 
 MODEL = "demo"
 """The stack's model id; vLLM serves the tiny model under it too (`--served-model-name`)."""
-
-
-class VllmStack(Stack):
-    """tests/e2e/stack.py's stack with its route pointed at a running vLLM (its simulator idle)."""
-
-    def __init__(self, *args: Any, vllm_url: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.vllm_url = vllm_url
-
-    def write_config(self) -> None:
-        super().write_config()
-        text = self.config_path.read_text()
-        self.config_path.write_text(text.replace(self.sim.base_url, f"{self.vllm_url}/v1"))
 
 
 @pytest_asyncio.fixture

@@ -27,6 +27,7 @@ import httpx
 from backfill.dev.devserver import free_port
 from backfill.load_metrics import parse_load
 from backfill.sim import SimConfig, SimServer
+from tests.e2e.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
@@ -65,7 +66,9 @@ def vllm_env() -> dict[str, str]:
     }
 
 
-def vllm_command(venv: Path, model: Path, port: int, policy: str = "fcfs") -> list[str]:
+def vllm_command(
+    venv: Path, model: Path, port: int, policy: str = "fcfs", seats: int = SEATS
+) -> list[str]:
     return [
         str(venv / "bin" / "vllm"),
         "serve",
@@ -82,7 +85,7 @@ def vllm_command(venv: Path, model: Path, port: int, policy: str = "fcfs") -> li
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--max-num-seqs",
-        str(SEATS),
+        str(seats),
         "--scheduling-policy",
         policy,
         "--enforce-eager",  # no torch.compile: up in about a minute instead of several
@@ -93,11 +96,13 @@ def vllm_command(venv: Path, model: Path, port: int, policy: str = "fcfs") -> li
 class VllmProcess:
     """`vllm serve` as a child process (its own process group), logging to a file."""
 
-    def __init__(self, venv: Path, model: Path, log: Path, policy: str = "fcfs") -> None:
+    def __init__(
+        self, venv: Path, model: Path, log: Path, policy: str = "fcfs", seats: int = SEATS
+    ) -> None:
         self.port = free_port()
         self.policy = policy
         self.log = log
-        self.argv = vllm_command(venv, model, self.port, policy)
+        self.argv = vllm_command(venv, model, self.port, policy, seats)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -201,6 +206,19 @@ class Upstream:
         assert reading.error is None, reading.error
         assert reading.running is not None and reading.waiting is not None
         return reading.running, reading.waiting
+
+
+class VllmStack(Stack):
+    """tests/e2e/stack.py's stack with its route on a running vLLM (its simulator idle)."""
+
+    def __init__(self, *args: Any, vllm_url: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.vllm_url = vllm_url
+
+    def write_config(self) -> None:
+        super().write_config()
+        text = self.config_path.read_text()
+        self.config_path.write_text(text.replace(self.sim.base_url, f"{self.vllm_url}/v1"))
 
 
 def sim_config(policy: str = "fcfs") -> SimConfig:
