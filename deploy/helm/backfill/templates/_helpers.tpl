@@ -59,20 +59,60 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: TEMPORAL_TLS_KEY
   value: /etc/temporal-tls/tls.key
 {{- end }}
-{{- if .Values.temporal.apiKey.existingSecret }}
+{{- if or .Values.temporal.apiKey.existingSecret .Values.temporal.apiKey.value }}
 - name: TEMPORAL_API_KEY
   valueFrom:
     secretKeyRef:
+      {{- if .Values.temporal.apiKey.existingSecret }}
       name: {{ .Values.temporal.apiKey.existingSecret }}
       key: {{ .Values.temporal.apiKey.key }}
+      {{- else }}
+      name: {{ include "backfill.secretsName" . }}
+      key: temporal-api-key
+      {{- end }}
 {{- end }}
 {{- end }}
 
+{{/* The Secret the chart makes for secrets given as values (`secrets.yaml`). */}}
+{{- define "backfill.secretsName" -}}
+{{ include "backfill.fullname" . }}-secrets
+{{- end }}
+
+{{/* BACKFILL_WEBHOOK_KEY, for the api and the workers that run activities (they sign). */}}
+{{- define "backfill.webhookKeyEnv" -}}
+{{- $key := .Values.webhooks.key -}}
+{{- if and $key.value (lt (len $key.value) 32) }}
+{{- fail "webhooks.key.value must have at least 32 characters (openssl rand -hex 32)" }}
+{{- end }}
+{{- if or $key.existingSecret $key.value }}
+- name: BACKFILL_WEBHOOK_KEY
+  valueFrom:
+    secretKeyRef:
+      {{- if $key.existingSecret }}
+      name: {{ $key.existingSecret }}
+      key: {{ $key.key }}
+      {{- else }}
+      name: {{ include "backfill.secretsName" . }}
+      key: webhook-key
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Called with (dict "root" $ "signs" bool): the upstream keys, and for the processes that
+sign webhook deliveries (`signs`), the configured endpoints' secrets. */}}
 {{- define "backfill.envFrom" -}}
-{{- if .Values.upstreamKeys.existingSecret }}
+{{- $values := .root.Values -}}
+{{- $endpoints := and .signs $values.webhooks.endpointSecrets.existingSecret -}}
+{{- if or $values.upstreamKeys.existingSecret $endpoints }}
 envFrom:
+  {{- with $values.upstreamKeys.existingSecret }}
   - secretRef:
-      name: {{ .Values.upstreamKeys.existingSecret }}
+      name: {{ . }}
+  {{- end }}
+  {{- if $endpoints }}
+  - secretRef:
+      name: {{ $values.webhooks.endpointSecrets.existingSecret }}
+  {{- end }}
 {{- end }}
 {{- end }}
 

@@ -34,6 +34,7 @@ spec:
         {{- end }}
       annotations:
         checksum/config: {{ $root.Values.config.toml | sha256sum }}
+        checksum/secrets: {{ print $root.Values.webhooks.key.value $root.Values.temporal.apiKey.value | sha256sum }}
     spec:
       terminationGracePeriodSeconds: {{ $root.Values.worker.terminationGracePeriodSeconds }}
       # backfill never talks to the Kubernetes API: no service-account token in the pod.
@@ -62,6 +63,7 @@ spec:
               value: {{ .role | quote }}
             {{- end }}
             {{- if $lines }}
+            {{- include "backfill.webhookKeyEnv" $root | nindent 12 }}
             - name: BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES
               value: {{ $root.Values.worker.maxConcurrentActivities | quote }}
             {{- end }}
@@ -84,7 +86,7 @@ spec:
             {{- toYaml . | nindent 12 }}
             {{- end }}
           {{- if $lines }}
-          {{- include "backfill.envFrom" $root | nindent 10 }}
+          {{- include "backfill.envFrom" (dict "root" $root "signs" true) | nindent 10 }}
           {{- end }}
           ports:
             - name: metrics
