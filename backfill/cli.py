@@ -5,6 +5,8 @@
     backfill worker           the Temporal worker
     backfill sim [args...]    the vLLM-like simulator (args go to backfill.sim.main)
     backfill batch ...        the client CLI: submit, watch, retry... (backfill/client, docs/cli.md)
+    backfill doctor           check a deployment (Temporal, search attributes, routes...) and say
+                              what to fix (docs/upgrading.md)
     backfill hash-key         the SHA-256 of a key read from stdin, for [[api_keys]]
     backfill keys create --workspace W --role R [--models m1,m2] [--name N]
                               a new random key (printed once) and its [[api_keys]] entry
@@ -69,12 +71,26 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--temporal-port", type=int, default=7233)
     dev.add_argument("--ui-port", type=int, default=8233)
     dev.add_argument(
-        "--sim-port", type=int, default=8100, help="the dev route in backfill.toml uses 8100"
+        "--sim-port",
+        type=int,
+        default=8100,
+        help="the dev route in backfill.toml uses 8100; with another port, point the route at "
+        "it in a copy of the file (BACKFILL_CONFIG), or dev refuses to start",
     )
     dev.add_argument(
         "--api-port", type=int, default=None, help="default: api_port from the settings (8000)"
     )
+    dev.add_argument(
+        "--worker-metrics-port",
+        type=int,
+        default=None,
+        help="the worker's /metrics (and preemption channel); default: worker_metrics_port "
+        "from the settings (9464)",
+    )
     sub.add_parser("api", help="serve the HTTP api")
+    sub.add_parser(
+        "doctor", help="check a deployment from its settings and say what to fix (exit 1 if any)"
+    )
     sub.add_parser("worker", help="run the Temporal worker")
     sub.add_parser("sim", help="run the vLLM-like simulator (backfill sim --help)", add_help=False)
     sub.add_parser(
@@ -208,7 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ui_port=args.ui_port,
             sim_port=args.sim_port,
             api_port=args.api_port,
+            worker_metrics_port=args.worker_metrics_port,
         )
+
+    if args.command == "doctor":
+        from backfill import doctor
+
+        return doctor.run(settings)
 
     if args.command == "api":
         from backfill.config import UnsafeConfig, check_exposure

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from backfill.config import Settings
 from backfill.dev.devserver import DevServer, DevServerError
@@ -89,16 +90,45 @@ def _healthz_ok(url: str) -> bool:
         return False
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _loopback_port(base_url: str) -> int | None:
+    """The port of a loopback base URL, None for any other host."""
+    parts = urlsplit(base_url)
+    if parts.hostname not in LOOPBACK_HOSTS:
+        return None
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
 def _sim_model(settings: Settings, sim_port: int) -> str:
     """The model id whose route points at the local simulator (the sim serves that name)."""
     for model in settings.models:
         for route in model.routes:
-            if (
-                f"127.0.0.1:{sim_port}" in route.base_url
-                or f"localhost:{sim_port}" in route.base_url
-            ):
+            if _loopback_port(route.base_url) == sim_port:
                 return model.id
     return "demo"
+
+
+def misrouted(settings: Settings, sim_port: int) -> str | None:
+    """Why `backfill dev` must not start with these routes, or None: routes on this machine
+    exist but none points at the simulator it starts (a copied config still pointing at another
+    stack's simulator would send this stack's lines there)."""
+    local = [
+        (route.id, route.base_url, port)
+        for model in settings.models
+        for route in model.routes
+        if (port := _loopback_port(route.base_url)) is not None
+    ]
+    if not local or any(port == sim_port for _, _, port in local):
+        return None
+    route_id, base_url, port = local[0]
+    return (
+        f"route {route_id} points at {base_url}, but this stack's simulator listens on "
+        f"{LOOPBACK}:{sim_port}: its lines would go to whatever listens on port {port} (another "
+        f'stack\'s simulator?). Set base_url = "http://{LOOPBACK}:{sim_port}/v1" for it in the '
+        f"file BACKFILL_CONFIG names, or run with --sim-port {port}."
+    )
 
 
 def run(
@@ -108,10 +138,18 @@ def run(
     ui_port: int = 8233,
     sim_port: int = 8100,
     api_port: int | None = None,
+    worker_metrics_port: int | None = None,
     ready_timeout: float = READY_TIMEOUT,
 ) -> int:
-    """Run everything until a signal (exit 0) or a child's unexpected exit (exit 1)."""
+    """Run everything until a signal (exit 0) or a child's unexpected exit (exit 1); exit 2
+    without starting anything when the routes point at another simulator (`misrouted`)."""
+    wrong = misrouted(settings, sim_port)
+    if wrong is not None:
+        print(f"backfill dev: refusing to start: {wrong}", file=sys.stderr)
+        return 2
     api_port = settings.api_port if api_port is None else api_port
+    if worker_metrics_port is None:
+        worker_metrics_port = settings.worker_metrics_port
     api_host = settings.api_host
     local_host = LOOPBACK if api_host in ("", "0.0.0.0", "::") else api_host
     api_base = f"http://{local_host}:{api_port}"
@@ -123,8 +161,9 @@ def run(
             ("Temporal UI", ui_port),
             ("simulator", sim_port),
             ("api", api_port),
+            ("worker metrics", worker_metrics_port),
         )
-        if port_in_use(port, LOOPBACK)
+        if port and port_in_use(port, LOOPBACK)
     ]
     if busy:
         print(
@@ -175,6 +214,7 @@ def run(
             "BACKFILL_API_PORT": str(api_port),
             # A development stack: the api may serve the repository's public dev keys.
             "BACKFILL_DEV_STACK": "1",
+            "BACKFILL_WORKER_METRICS_PORT": str(worker_metrics_port),
             "PYTHONUNBUFFERED": "1",
         }
         sim_args = ["--host", LOOPBACK, "--port", str(sim_port)]
@@ -212,7 +252,7 @@ def run(
             f"  Temporal UI    http://{LOOPBACK}:{ui_port}\n"
             f"  Temporal       {server.address} (namespace {settings.temporal_namespace})\n"
             f"  simulator      http://{LOOPBACK}:{sim_port}\n"
-            f"  metrics        {api_base}/metrics\n"
+            f"  metrics        {api_base}/metrics (worker: http://{LOOPBACK}:{worker_metrics_port}/metrics)\n"
             f"  data           {data_dir}/ (Temporal log: {server.log_path})\n"
             "Press Ctrl-C to stop.\n",
             flush=True,

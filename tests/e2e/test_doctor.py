@@ -1,0 +1,139 @@
+"""`backfill doctor` against real deployments: a namespace registered before the sixth search
+attribute existed (the doctor names it and the command that adds it; that command, run, makes
+the doctor green), and a fresh `backfill dev` on moved ports (every check green)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from backfill.config import hash_key
+from backfill.dev.devserver import DevServer, temporal_cli_path
+from backfill.dev.procs import Child, backfill_argv, free_port
+from backfill.search_attributes import ALL
+from backfill.sim import SimConfig
+from backfill.sim.server import SimServer
+from tests.polling import poll_until
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "sk-test-doctor"
+
+
+def config(path: Path, sim_base_url: str) -> Path:
+    path.write_text(
+        "\n".join(
+            [
+                "[[models]]",
+                'id = "demo"',
+                "[[models.routes]]",
+                'id = "doctor-sim"',
+                f'base_url = "{sim_base_url}"',
+                "[[api_keys]]",
+                f'sha256 = "{hash_key(KEY)}"',
+                'workspace = "dev"',
+                'role = "member"',
+            ]
+        )
+        + "\n"
+    )
+    return path
+
+
+async def doctor(env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "backfill", "doctor"],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+async def test_a_namespace_missing_a_search_attribute(tmp_path: Path) -> None:
+    older = {k: v for k, v in ALL.items() if k != "BackfillRetryOf"}  # as registered before it
+    server = DevServer(tmp_path / "t", port=free_port(), ui_port=None, search_attributes=older)
+    sim = SimServer(SimConfig(model_names=["demo"]))
+    await sim.start()
+    server.start()
+    try:
+        await server.wait_ready_async(timeout=60)
+        env = {
+            "BACKFILL_CONFIG": str(config(tmp_path / "b.toml", sim.base_url)),
+            "BACKFILL_DATA_DIR": str(tmp_path / "data"),
+            "TEMPORAL_ADDRESS": server.address,
+            "TEMPORAL_NAMESPACE": server.namespace,
+        }
+        rc, out = await doctor(env)
+        assert rc == 1, out
+        command = (
+            f"temporal operator search-attribute create --namespace {server.namespace} "
+            "--name BackfillRetryOf --type Keyword"
+        )
+        assert "✗ search attributes: BackfillRetryOf (Keyword) is not registered" in out, out
+        assert f"fix: {command}" in out, out
+        assert f"✓ Temporal: reachable at {server.address}" in out, out
+        assert "✓ route doctor-sim:" in out, out
+        assert out.count("✗") == 1, out
+
+        # The command it prints, run as printed, fixes it.
+        argv = [str(temporal_cli_path()), *command.split()[1:], "--address", server.address]
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        rc, out = await poll_until(
+            lambda: doctor(env),
+            lambda r: r[0] == 0,
+            timeout=60,
+            what="the doctor to pass once the attribute is added",
+            interval=1,
+        )
+        assert f"✓ search attributes: all {len(ALL)} registered" in out and "✗" not in out, out
+    finally:
+        await asyncio.to_thread(server.stop)
+        await sim.stop()
+
+
+async def test_a_fresh_dev_stack_on_moved_ports_is_all_green(tmp_path: Path) -> None:
+    ports = {name: free_port() for name in ("temporal", "ui", "sim", "api", "worker-metrics")}
+    toml = config(tmp_path / "b.toml", f"http://127.0.0.1:{ports['sim']}/v1")
+    env = {
+        "BACKFILL_CONFIG": str(toml),
+        "BACKFILL_DATA_DIR": str(tmp_path / "data"),
+        "BACKFILL_LOG_LEVEL": "INFO",
+    }
+    dev = Child("dev")
+    argv = ["dev"] + [x for n, p in ports.items() for x in (f"--{n}-port", str(p))]
+    dev.start(backfill_argv(*argv), env, tmp_path / "dev.log")
+    log = tmp_path / "dev.log"
+    try:
+        await poll_until(
+            lambda: dev.running and "backfill is running" in log.read_text(),
+            lambda up: bool(up),
+            timeout=120,
+            what="`backfill dev` to be up",
+            interval=0.5,
+        )
+        # The worker's metrics are on the port given, not 9464.
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+            r = await poll_until(
+                lambda: http.get(f"http://127.0.0.1:{ports['worker-metrics']}/metrics"),
+                lambda r: r.status_code == 200,
+                timeout=60,
+                what="the worker's metrics on the port given",
+                interval=0.5,
+                ignore=(httpx.HTTPError,),
+            )
+        assert "gateway_" in r.text
+        rc, out = await doctor({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{ports['temporal']}"})
+        assert rc == 0, out
+        assert "✗" not in out and "!" not in out.replace("fix:", ""), out
+        assert "All checks passed" in out, out
+    finally:
+        dev.stop(timeout=20)
+        assert dev.returncode is not None
