@@ -16,6 +16,9 @@ from backfill.records import usage_of
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 """Largest JSON answer kept to read its usage."""
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+"""Longest SSE line kept to read its usage (a Responses API `response.completed` event carries
+the whole response); a longer one is passed over up to its newline, and counts no tokens."""
 
 
 class UsageReader:
@@ -26,20 +29,44 @@ class UsageReader:
         self.fields = fields
         """The endpoint's usage layout (`backfill.endpoints`)."""
         self._buf = bytearray()
+        """JSON: the body so far; SSE: the line not yet ended (only that, at most
+        `MAX_EVENT_BYTES`)."""
         self._too_large = False
+        """JSON: the body is over its cap; SSE: the current line is (passed over to its end)."""
         self._usage: Any = None
 
     def feed(self, chunk: bytes) -> None:
+        if self.stream:
+            self._feed_stream(chunk)
+            return
         if self._too_large:
             return
         self._buf += chunk
-        if self.stream:
-            *lines, rest = bytes(self._buf).split(b"\n")
-            self._buf = bytearray(rest)
-            for line in lines:
-                self._event(line.strip())
-        elif len(self._buf) > MAX_JSON_BYTES:
+        if len(self._buf) > MAX_JSON_BYTES:
             self._too_large, self._buf = True, bytearray()
+
+    def _feed_stream(self, chunk: bytes) -> None:
+        """Each line is looked at once, when its newline arrives: the bytes already held are
+        never copied again per chunk, and an unended line holds at most `MAX_EVENT_BYTES`."""
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if self._too_large or len(self._buf) + end - start > MAX_EVENT_BYTES:
+                self._too_large = False  # the end of a line over the cap: dropped
+                self._buf.clear()
+            elif self._buf:
+                self._buf += chunk[start:end]
+                self._event(bytes(self._buf).strip())
+                self._buf.clear()
+            else:
+                self._event(chunk[start:end].strip())
+            start = end + 1
+        if self._too_large or start == len(chunk):
+            return
+        if len(self._buf) + len(chunk) - start > MAX_EVENT_BYTES:
+            self._too_large = True
+            self._buf.clear()
+        else:
+            self._buf += chunk[start:]
 
     def _event(self, line: bytes) -> None:
         if not line.startswith(b"data:") or b'"usage"' not in line:
@@ -55,7 +82,8 @@ class UsageReader:
 
     def tokens(self) -> tuple[int, int]:
         if self.stream:
-            self._event(bytes(self._buf).strip())
+            if not self._too_large:
+                self._event(bytes(self._buf).strip())
         elif not self._too_large and self._buf:
             try:
                 body = strict_json.loads(self._buf, finite=False)
