@@ -190,6 +190,9 @@ async def test_the_readme_and_user_guide_blocks_run(
         assert "created batch_" in out
         assert re.search(r"^completed ", out, re.M), out
         assert "'paused': False" in out, out
+    if "/gateway/v1" in block.code:  # the single-job example: queued with its model, completed
+        assert out.startswith("queued demo\n"), out
+        assert re.search(r"^completed( 1 200)?$", out, re.M), out
 
 
 async def test_the_recipes_run_start_to_finish(tmp_path: Path) -> None:
