@@ -454,7 +454,8 @@ class Stack:
 
 class SharedStacks:
     """The session's shared stacks: one started `Stack` per distinct set of options, leased
-    test by test (`lease`); a stack whose tenants are all leased is replaced by a new one."""
+    test by test (`lease`); a stack whose tenants are all leased, whose processes exited or
+    whose last lease did not end cleanly is replaced by a new one."""
 
     TENANTS = 64
 
@@ -488,11 +489,17 @@ class SharedStacks:
     @contextlib.asynccontextmanager
     async def lease(self, workers: int = 1, **options: Any) -> AsyncIterator[Stack]:
         """A lease of the shared stack of these options for the body of the `with`."""
-        leased = (await self.stack(workers, **options)).lease()
+        shared = await self.stack(workers, **options)
+        leased = shared.lease()
         try:
             yield leased
         finally:
-            await leased.stop()
+            try:
+                await leased.stop()
+            except BaseException:
+                # Not back to a clean state: no later lease gets this stack.
+                shared.leased = len(shared.tenants)
+                raise
 
     async def stop(self) -> None:
         stacks, self.stacks = list(self.stacks.values()), {}
