@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -225,11 +226,16 @@ async def test_terminated_batch_slots_are_reclaimed(
 async def test_scheduler_history_stays_small(two_workers: Stack, temporal_client: Client) -> None:
     stack = two_workers
     stack.sim.app.config.latency_ms = 0
-    batch_id = await submit(stack, 1000, prefix="hist")
+    n = 300
+    batch_id = await submit(stack, n, prefix="hist")
     batch = await wait_terminal(stack.client(), batch_id, within=300)
-    assert batch.status == "completed" and batch.request_counts.completed == 1000
+    assert batch.status == "completed" and batch.request_counts.completed == n
     handle = temporal_client.get_workflow_handle(scheduler_workflow_id(stack.route_id))
     desc = await handle.describe()
     # Lines completing add nothing to the scheduler's history: only arrivals, demand changes,
-    # allotment signals and reconciliation timers do.
+    # allotment signals and reconciliation timers do (88 events for 300 lines in 19 s here).
     assert desc.raw_description.workflow_execution_info.history_length < 400, desc
+    # An event per line would make its kind at least n: every kind stays far below, whatever
+    # the run's length (a reconciliation every 2 s adds a few events of each timer kind).
+    kinds = Counter(e.event_type for e in (await handle.fetch_history()).events)
+    assert max(kinds.values()) < n / 3, kinds
