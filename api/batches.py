@@ -194,6 +194,16 @@ async def list_batches(
     return await list_page(client, query, after=after, limit=limit)
 
 
+LIST_FIRST_WINDOW_SECONDS = 3600
+"""A listing reads batches by windows of creation time, newest first, starting with this one."""
+
+
+def list_window_rows(limit: int) -> int:
+    """Most rows one window of a listing reads: a window counted above this is halved first
+    (down to one second), so a page reads a few times `limit` rows, not every batch kept."""
+    return 4 * (limit + 1)
+
+
 async def list_page(
     client: Client,
     filters: str,
@@ -204,23 +214,43 @@ async def list_page(
 ) -> BatchList:
     """One page of the batches matching `filters` (a visibility query, or ""), and `keep` if
     given, newest first with a stable `after` cursor. Shared by `/v1/batches`, the admin
-    listing and `/gateway/v1/batches`."""
-    # SQL visibility ignores ORDER BY, so order here: newest first by (created_at, id).
-    query = "WorkflowType = 'BatchWorkflow'" + (f" AND {filters}" if filters else "")
-    rows: dict[str, tuple[int, str]] = {}
-    async for ex in client.list_workflows(query, page_size=1000):
-        if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
-            continue
-        if keep is not None and not await keep(ex):
-            continue
-        created = ex.typed_search_attributes.get(sa.CREATED_AT) or 0
-        rows[ex.id] = (int(created), ex.id)
-    ordered = sorted(rows.values(), reverse=True)
+    listing and `/gateway/v1/batches`.
+
+    SQL visibility ignores ORDER BY, so the order is made here, by (created_at, id), from
+    windows of `BackfillCreatedAt` read newest first: each window is counted before it is
+    read and halved while it holds more than `list_window_rows`, and the next, older window
+    is read only while the page is not full. A request reads about the page, not every batch
+    the workspace keeps."""
+    base = "WorkflowType = 'BatchWorkflow'" + (f" AND {filters}" if filters else "")
+    below: tuple[int, str] | None = None
     if after is not None:
-        if after not in rows:
+        found = await _rows(client, f"{base} AND WorkflowId = '{sa.quote(after)}'", keep)
+        if not found:
             raise InvalidRequest(f"No such batch for 'after': {after}", param="after")
-        ordered = [r for r in ordered if r < rows[after]]
-    page = ordered[:limit]
+        below = found[0]
+    rows: list[tuple[int, str]] = []
+    width = LIST_FIRST_WINDOW_SECONDS
+    hi = below[0] if below is not None else None
+    while True:
+        lo = (hi if hi is not None else int(time.time())) - width + 1
+        window = f"{base} AND {sa.CREATED_AT.name} >= {lo}"
+        if hi is not None:
+            window += f" AND {sa.CREATED_AT.name} <= {hi}"
+        counted = (await client.count_workflows(window)).count
+        if counted > list_window_rows(limit) and width > 1:
+            width //= 2
+            continue
+        got = await _rows(client, window, keep)
+        rows += sorted((r for r in got if below is None or r < below), reverse=True)
+        if len(rows) > limit:
+            break
+        older = f"{base} AND {sa.CREATED_AT.name} < {lo}"
+        if (await client.count_workflows(older)).count == 0:
+            break
+        hi = lo - 1
+        if counted < limit:
+            width *= 4
+    page = rows[:limit]
     statuses: dict[str, asyncio.Task[Any]] = {}
     batches = await asyncio.gather(
         *(_load_or_stub(client, batch_id, statuses) for _, batch_id in page)
@@ -229,8 +259,23 @@ async def list_page(
         data=batches,
         first_id=batches[0].id if batches else None,
         last_id=batches[-1].id if batches else None,
-        has_more=len(ordered) > limit,
+        has_more=len(rows) > limit,
     )
+
+
+async def _rows(
+    client: Client, query: str, keep: Callable[[WorkflowExecution], Awaitable[bool]] | None
+) -> list[tuple[int, str]]:
+    """(created_at, id) of each batch the query finds (its current run only), kept by `keep`."""
+    rows: dict[str, tuple[int, str]] = {}
+    async for ex in client.list_workflows(query, page_size=1000):
+        if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            continue
+        if keep is not None and not await keep(ex):
+            continue
+        created = ex.typed_search_attributes.get(sa.CREATED_AT) or 0
+        rows[ex.id] = (int(created), ex.id)
+    return list(rows.values())
 
 
 @router.get("/{batch_id}", response_model=Batch, responses=error_responses(404))
