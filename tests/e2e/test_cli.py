@@ -127,8 +127,10 @@ async def cli(stack: Stack, *args: str, cwd: Path, within: float = 300) -> tuple
 async def test_submit_wait_shows_progress_through_a_pause_and_saves_the_files(
     lease_stack: MakeStack, tmp_path: Path, tty: bool
 ) -> None:
-    stack = await lease_stack(cap=32, sim=SimConfig(model_names=[], latency_ms=10))
-    n = 600  # size is the subject: still running when the pause lands, on 2 loaded cores
+    # At most 4 lines of 200 ms at once (20 lines/s): after the first fifth, the pause has 8 s
+    # or more to land before the last line would finish, however fast the machine.
+    stack = await lease_stack(cap=4, sim=SimConfig(model_names=[], latency_ms=200))
+    n = 200
     source = tmp_path / "requests.jsonl"
     source.write_bytes(jsonl(n, prefix="cli"))
     run = Cli(stack, ["submit", str(source), "--wait", "--interval", "0.5"], tmp_path, tty=tty)
