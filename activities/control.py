@@ -28,15 +28,16 @@ class ControlActivities:
 
     @activity.defn
     async def find_closed_batches(self, input: ClosedBatchesInput) -> ClosedBatchesOutput:
-        closed = []
+        closed, missing = [], []
         for batch_id in input.batch_ids:
             try:
                 desc = await self.client.get_workflow_handle(batch_id).describe()
             except RPCError as err:
                 if err.status == RPCStatusCode.NOT_FOUND:
                     closed.append(batch_id)
+                    missing.append(batch_id)
                     continue
                 raise
             if desc.status != WorkflowExecutionStatus.RUNNING:
                 closed.append(batch_id)
-        return ClosedBatchesOutput(closed=closed)
+        return ClosedBatchesOutput(closed=closed, missing=missing)

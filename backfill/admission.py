@@ -74,7 +74,8 @@ class AdmissionInput(BaseModel):
     check_seconds: float = Field(default=30.0, gt=0)
     """How often held batches are checked (describe) for having closed."""
     grace_seconds: float = Field(default=60.0, gt=0)
-    """A reservation younger than this is not checked: its batch may be about to start."""
+    """A reservation younger than this whose batch Temporal does not know yet is kept: its batch
+    may be about to start (`to_drop`)."""
     reservations: list[Reservation] = Field(default_factory=list)
     """Carried across continue-as-new."""
     released: list[str] = Field(default_factory=list)
@@ -124,6 +125,22 @@ def due_for_check(held: list[Reservation], now: float, grace_seconds: float) -> 
     """The batches whose closing may be checked at `now`: those reserved at least
     `grace_seconds` ago (a younger one may not have started yet, and would look closed)."""
     return [r.batch_id for r in held if now - r.reserved_at >= grace_seconds]
+
+
+def to_drop(
+    held: list[Reservation],
+    closed: list[str],
+    missing: list[str],
+    now: float,
+    grace_seconds: float,
+) -> list[str]:
+    """The reservations a check frees: those whose batch is `closed`, except a batch Temporal
+    does not know yet (`missing`) reserved less than `grace_seconds` ago (its start may be on
+    its way). A batch that ran and ended is freed at the first check after its end, however
+    young its reservation."""
+    young = {r.batch_id for r in held if now - r.reserved_at < grace_seconds}
+    absent = set(missing)
+    return [b for b in closed if not (b in absent and b in young)]
 
 
 def pinned_bytes(held: list[Reservation], stored_file_ids: set[str]) -> int:

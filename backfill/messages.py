@@ -418,6 +418,8 @@ class ClosedBatchesInput(BaseModel):
 
 class ClosedBatchesOutput(BaseModel):
     closed: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    """Those of `closed` Temporal does not know at all (never started, or gone)."""
 
 
 # ---- batch ⇄ scheduler signals ----

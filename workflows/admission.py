@@ -4,7 +4,8 @@ An entity workflow (decision 0020). The `reserve` update decides with `backfill.
 on the workflow's one thread, so concurrent creates from any number of api processes are
 admitted one at a time against an exact count (Temporal's visibility index lags). Reservations
 end by `release` (the api could not start the batch) or when a periodic check finds the batch
-closed; the batch workflow itself knows nothing of this.
+closed (every reservation is checked; one whose batch Temporal does not know yet is kept for a
+grace period); the batch workflow itself knows nothing of this.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ with workflow.unsafe.imports_passed_through():
         decide,
         due_for_check,
         remember_released,
+        to_drop,
     )
     from backfill.messages import ClosedBatchesInput
+    from workflows.patches import ADMISSION_CHECKS_YOUNG_RESERVATIONS
 
 
 @workflow.defn
@@ -81,7 +84,11 @@ class AdmissionWorkflow:
         return AdmissionView(reservations=list(self._held.values()))
 
     async def _drop_closed(self, grace_seconds: float) -> None:
-        ids = due_for_check(list(self._held.values()), workflow.now().timestamp(), grace_seconds)
+        held = list(self._held.values())
+        now = workflow.now().timestamp()
+        ids = due_for_check(held, now, grace_seconds)
+        if len(ids) < len(held) and workflow.patched(ADMISSION_CHECKS_YOUNG_RESERVATIONS):
+            ids = [r.batch_id for r in held]
         if not ids:
             return
         out = await workflow.execute_activity_method(
@@ -89,5 +96,5 @@ class AdmissionWorkflow:
             ClosedBatchesInput(batch_ids=ids),
             start_to_close_timeout=timedelta(seconds=30),
         )
-        for batch_id in out.closed:
+        for batch_id in to_drop(held, out.closed, out.missing, now, grace_seconds):
             self._held.pop(batch_id, None)

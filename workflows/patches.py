@@ -105,3 +105,13 @@ ALARM_KEEPS_DUE_TIMERS = "alarm-keeps-due-timers"
 """A timer due within `alarm.DUE_SOON_S` is left to fire (and ignored) instead of cancelled: the
 time-skipping test server strands a run whose task cancels a timer that fired meanwhile
 (temporalio/sdk-java#3088). Old branch: the timer was cancelled. Commit a895365."""
+
+# ---- AdmissionWorkflow ----
+ADMISSION_CHECKS_YOUNG_RESERVATIONS = "admission-checks-young-reservations"
+"""Each check of the workspace's reservations asks about every batch, not only those reserved
+60 s ago or more, and frees one whose batch ran and ended however young its reservation; a young
+one whose batch Temporal does not know yet is still kept (`backfill.admission.to_drop`). Old
+branch: young reservations were not checked, so a slot came back 60-90 s after a short batch
+ended. Asked only when some reservation is young (otherwise both branches check the same ids).
+No saved history (the replay test covers the batch and scheduler workflows):
+tests/e2e/test_admission_slot.py covers the new branch, tests/unit/test_admission.py the rule."""

@@ -81,3 +81,23 @@ def test_released_ids_are_bounded_and_newest_kept() -> None:
     assert len(released) == RELEASED_KEPT
     assert released[0] == "b5" and released[-1] == f"b{RELEASED_KEPT + 4}"
     assert remember_released(released, "b5")[-1] == "b5"
+
+
+def test_a_check_frees_an_ended_batch_however_young_and_keeps_one_not_started() -> None:
+    from backfill.admission import to_drop
+
+    held = [
+        Reservation(batch_id="ended", input_file_id="f", input_bytes=1, lines=1, reserved_at=95),
+        Reservation(batch_id="starting", input_file_id="f", input_bytes=1, lines=1, reserved_at=95),
+        Reservation(batch_id="lost", input_file_id="f", input_bytes=1, lines=1, reserved_at=0),
+    ]
+    # At 100 s: `ended` ran and closed 5 s after its reservation; `starting` is not known to
+    # Temporal yet (its api is starting it); `lost` was never started and is past the grace.
+    dropped = to_drop(
+        held,
+        closed=["ended", "starting", "lost"],
+        missing=["starting", "lost"],
+        now=100,
+        grace_seconds=60,
+    )
+    assert dropped == ["ended", "lost"]
