@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio.client import (
@@ -54,10 +56,26 @@ and a refusal caused by other api processes is retried within `RESERVE_TIMEOUT`.
 _RETRY_PAUSE = 0.05
 """First pause before trying again after RESOURCE_EXHAUSTED (doubling, at most 1 s)."""
 
-_turns: dict[str, asyncio.Semaphore] = {}
-_unanswered: dict[str, float] = {}
-"""When (event-loop time) a reserve of the workspace last went unanswered in this process: the
-creates that were waiting their turn then are refused at once, not after 5 s each."""
+
+@dataclass
+class _Workspace:
+    """This process's admission state of one workspace (per event loop)."""
+
+    turns: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(IN_FLIGHT_PER_WORKSPACE)
+    )
+    unanswered: float = float("-inf")
+    """When (event-loop time) a reserve last went unanswered: the creates waiting their turn
+    then are refused at once, not after 5 s each."""
+
+
+_state: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Workspace]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _of(workspace: str) -> _Workspace:
+    return _state.setdefault(asyncio.get_running_loop(), {}).setdefault(workspace, _Workspace())
 
 
 def _no_answer(workspace: str, what: str) -> RetryLater:
@@ -74,18 +92,18 @@ def _no_answer(workspace: str, what: str) -> RetryLater:
 async def _turn(workspace: str) -> AsyncIterator[None]:
     """Hold one of this process's `IN_FLIGHT_PER_WORKSPACE` reserve slots of `workspace`; 503
     when a reserve went unanswered while this one waited."""
-    gate = _turns.setdefault(workspace, asyncio.Semaphore(IN_FLIGHT_PER_WORKSPACE))
+    state = _of(workspace)
     asked = asyncio.get_running_loop().time()
     try:
-        await asyncio.wait_for(gate.acquire(), TURN_WAIT)
+        await asyncio.wait_for(state.turns.acquire(), TURN_WAIT)
     except TimeoutError:
         raise _no_answer(workspace, "this batch") from None
     try:
-        if _unanswered.get(workspace, float("-inf")) >= asked:
+        if state.unanswered >= asked:
             raise _no_answer(workspace, "this batch")
         yield
     finally:
-        gate.release()
+        state.turns.release()
 
 
 async def reserve(client: Client, settings: Settings, workspace: str, req: ReserveRequest) -> None:
@@ -123,7 +141,7 @@ async def reserve(client: Client, settings: Settings, workspace: str, req: Reser
                     raise
             except WorkflowUpdateRPCTimeoutOrCancelledError:
                 pass
-            _unanswered[workspace] = loop.time()
+            _of(workspace).unanswered = loop.time()
             await _gave_up(client, workspace, req.batch_id)
             raise _no_answer(workspace, "this batch")
     if result.refused_by == "max_active_batches":
