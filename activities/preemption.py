@@ -21,9 +21,11 @@ carry): the door and the preemption count with `batch_seats − held_back`. Ever
 handed to `on_held_back` (the worker tells the route's scheduler, whose allotment leaves those
 seats out: `worker.held_back`).
 
-A worker sees only its own lines: with several workers each preempts by its own, so preemption is
-conservative (it never ends more lines than the excess). Everything runs on the worker's event
-loop; `report` is called there (the HTTP thread hands it over).
+With several workers, each tells the others which lines it has upstream (`own_lines`, sent by
+`worker.peers`; `peer_lines` on arrival), so every worker counts the route's whole picture and
+ends its own lines among the youngest route-wide (docs/decisions/0033). Everything runs on the
+worker's event loop; `report` and `peer_lines` are called there (the HTTP thread hands them
+over).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backfill.gates.preempt import PreemptPolicy, excess, held_back, lines_to_preempt, may_send
-from backfill.metrics import BATCH_SEATS_HELD_BACK, REPORTING_PROCESSES
+from backfill.metrics import BATCH_SEATS_HELD_BACK, PREEMPT_ON, REPORTING_PROCESSES
 
 REPORT_TTL = 5.0
 """Seconds an api process's report counts without being renewed (they renew every second while
@@ -50,6 +52,8 @@ ADJUST_EVERY = 1.0
 """Seconds between two changes of the seats held back for the live-latency target."""
 MAX_PROCESSES = 256
 """Api processes a route's counts are kept for at once; a report from one more is dropped."""
+MAX_PEERS = 256
+"""Other workers a route's lines are kept for at once; a report from one more is dropped."""
 RATE_WEIGHT = 0.2
 """Weight of the newest completed line in a route's tokens-per-second estimate."""
 
@@ -74,10 +78,22 @@ class _Report:
 
 
 @dataclass
+class _PeerLines:
+    """The batch lines another worker has upstream on a route, as it last reported them."""
+
+    started: list[float]
+    """When each went upstream, on this board's clock."""
+    preemptible: list[bool]
+    at: float
+
+
+@dataclass
 class _Route:
     policy: PreemptPolicy | None = None
     """The route's policy as its scheduler last answered (None: preemption off)."""
     reports: dict[str, _Report] = field(default_factory=dict)
+    peers: dict[str, _PeerLines] = field(default_factory=dict)
+    """Other workers' lines upstream on the route, by worker (decision 0033)."""
     tickets: list[Ticket] = field(default_factory=list)
     tokens_per_second: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -92,7 +108,10 @@ class PreemptBoard:
         clock: Callable[[], float] = time.monotonic,
         on_held_back: Callable[[str, int], None] | None = None,
         door_limit: float = DOOR_LIMIT,
+        on_lines: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_lines = on_lines
+        """Called with the route whenever this worker's lines upstream on it change."""
         self._clock = clock
         self.door_limit = door_limit
         """Seconds a line waits at the door at most (`DOOR_LIMIT`)."""
@@ -108,6 +127,7 @@ class PreemptBoard:
         """The route's policy as its scheduler holds it now (`worker.preempt_channel`
         `PolicyReader`); returns how many lines were told to stop."""
         r = self._route(route)
+        PREEMPT_ON.labels(route).set(policy is not None)
         if policy == r.policy:
             return 0
         r.policy = policy
@@ -129,6 +149,46 @@ class PreemptBoard:
         self._adjust(route, r)
         self._wake(r)
         return self._preempt(route)
+
+    def peer_lines(self, route: str, worker: str, lines: list[tuple[float, bool]]) -> int:
+        """Another worker's lines upstream on `route` (each: seconds since it went upstream,
+        whether it may still be preempted); returns how many of this worker's lines were told
+        to stop. Workers that stopped reporting are forgotten; one beyond `MAX_PEERS` is not
+        kept."""
+        r = self._route(route)
+        now = self._clock()
+        r.peers = {w: p for w, p in r.peers.items() if now - p.at < REPORT_TTL}
+        if worker not in r.peers and len(r.peers) >= MAX_PEERS:
+            return 0
+        r.peers[worker] = _PeerLines([now - age for age, _ in lines], [p for _, p in lines], now)
+        self._wake(r)
+        return self._preempt(route)
+
+    def own_lines(self, route: str) -> list[tuple[float, bool]]:
+        """This worker's lines upstream on `route` and not told to stop, for the other workers:
+        (seconds since each went upstream, whether it may still be preempted)."""
+        r = self._route(route)
+        now = self._clock()
+        bound = r.policy.max_preemptions if r.policy is not None else None
+        return [
+            (max(0.0, now - t.sent_at), bound is None or t.preemptions < bound)
+            for t in r.tickets
+            if t.sent_at is not None and not t.preempted.is_set()
+        ]
+
+    def _peers_fresh(self, r: _Route) -> tuple[list[float], list[bool]]:
+        now = self._clock()
+        started: list[float] = []
+        preemptible: list[bool] = []
+        for p in r.peers.values():
+            if now - p.at < REPORT_TTL:
+                started += p.started
+                preemptible += p.preemptible
+        return started, preemptible
+
+    def _lines_changed(self, route: str) -> None:
+        if self.on_lines is not None:
+            self.on_lines(route)
 
     @staticmethod
     def _wake(r: _Route) -> None:
@@ -183,17 +243,22 @@ class PreemptBoard:
         if policy is None:
             return 0
         sending = [t for t in r.tickets if t.sent_at is not None and not t.preempted.is_set()]
-        n = excess(policy, live, len(sending))
+        peer_started, peer_preemptible = self._peers_fresh(r)
+        n = excess(policy, live, len(sending) + len(peer_started))
         if n == 0:
             return 0
+        # The youngest lines route-wide; each worker ends its own among them (decision 0033).
         chosen = lines_to_preempt(
-            [t.sent_at or 0.0 for t in sending],
-            [t.preemptions < policy.max_preemptions for t in sending],
+            [t.sent_at or 0.0 for t in sending] + peer_started,
+            [t.preemptions < policy.max_preemptions for t in sending] + peer_preemptible,
             n,
         )
-        for i in chosen:
+        mine = [i for i in chosen if i < len(sending)]
+        for i in mine:
             sending[i].preempted.set()
-        return len(chosen)
+        if mine:
+            self._lines_changed(route)
+        return len(mine)
 
     # ---- what the line activities do ----
     def enter(self, route: str, preemptions: int) -> Ticket:
@@ -210,6 +275,7 @@ class PreemptBoard:
         while True:
             live, policy = self._current(r)
             sending = sum(1 for t in r.tickets if t.sent_at is not None)
+            sending += len(self._peers_fresh(r)[0])
             if policy is None or may_send(policy, live, sending):
                 break
             left = give_up - self._clock()
@@ -219,6 +285,7 @@ class PreemptBoard:
                 async with asyncio.timeout(min(DOOR_RECHECK, left)):
                     await r.changed.wait()
         ticket.sent_at = self._clock()
+        self._lines_changed(ticket.route)
         return True
 
     def leave(self, ticket: Ticket) -> None:
@@ -226,6 +293,8 @@ class PreemptBoard:
         with contextlib.suppress(ValueError):
             r.tickets.remove(ticket)
         self._wake(r)
+        if ticket.sent_at is not None:
+            self._lines_changed(ticket.route)
 
     def finished(self, ticket: Ticket, tokens: int) -> None:
         """The line's answer came, with `tokens` generated since it went upstream (the route's

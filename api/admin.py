@@ -18,9 +18,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep
 from api.errors import Forbidden, InvalidRequest, NotFound
 from api.history_view import quick_query, started_input_and_updates
+from api.preempt_push import PreemptSender
 from api.schemas import (
     COMMON_ERRORS,
     BatchScheduling,
+    PreemptChannelStatus,
     SchedulingStatus,
     error_responses,
 )
@@ -60,8 +62,9 @@ def _admin_writer(identity: IdentityDep) -> None:
 
 
 async def _document(
-    client: Client, route_id: str, status: SchedulerStatus, reader: ServerLoadReader
+    client: Client, route_id: str, status: SchedulerStatus, request: Request
 ) -> BatchScheduling:
+    reader: ServerLoadReader = request.app.state.load_reader
     load = load_gate.ENTRY.setting(status.settings)
     reading = await reader.read(load.metrics_url) if load is not None else None
     lines = await _route_lines(client, route_id, status)
@@ -77,6 +80,7 @@ async def _document(
             ramping_to=status.ramping_to,
             live_in_flight=status.live_in_flight,
             seats_held_back=status.seats_held_back,
+            preempt_channel=preempt_channel(getattr(request.app.state, "preempt", None)),
             state=status.state,
             reason=status.reason,
             reason_detail=status.reason_detail,
@@ -84,6 +88,16 @@ async def _document(
             server_load=reading.model_dump() if reading is not None else None,
             batches=status.batches,
         ),
+    )
+
+
+def preempt_channel(sender: PreemptSender | None) -> PreemptChannelStatus | None:
+    """What this api process's preemption channel reaches (None: off, no token)."""
+    if sender is None:
+        return None
+    return PreemptChannelStatus(
+        workers_found=len(sender.workers),
+        workers_reached=len(sender.reached & set(sender.workers)),
     )
 
 
@@ -182,7 +196,7 @@ async def get_batch_scheduling(
             queued_lines=0,
             batches=[],
         )
-    doc = await _document(client, route_id, status, request.app.state.load_reader)
+    doc = await _document(client, route_id, status, request)
     doc.status.stale = stale
     return doc
 
@@ -225,4 +239,4 @@ async def put_batch_scheduling(
     handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
     status = await handle.query(RouteSchedulerWorkflow.status, time.time())
-    return await _document(client, route_id, status, request.app.state.load_reader)
+    return await _document(client, route_id, status, request)

@@ -82,6 +82,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         reporter.start()
         app.state.live_reporter = reporter
         preempt = preempt_sender(settings, app.state.live, link, reporter.me)
+        app.state.preempt = preempt
         sampler = RouteSampler(
             app.state.console.samples,
             link,
@@ -143,12 +144,21 @@ def preempt_sender(
     settings: Settings, live: LiveTraffic, link: TemporalLink, process: str
 ) -> PreemptSender | None:
     """Preemptive yield's sender of live counts to the workers (decision 0023), started; None
-    without its token and worker URLs."""
+    without its token. The workers are found on the task queue (decision 0032), plus any listed
+    in `BACKFILL_PREEMPT_WORKER_URLS`."""
     urls = [u.strip() for u in settings.preempt_worker_urls.split(",") if u.strip()]
-    if not settings.preempt_token or not urls:
+    if not settings.preempt_token:
         return None
     routes = [r.id for m in settings.models for r in m.routes]
-    sender = PreemptSender(live, link, routes, urls, settings.preempt_token, process)
+    sender = PreemptSender(
+        live,
+        link,
+        routes,
+        urls,
+        settings.preempt_token,
+        process,
+        task_queue=settings.task_queue,
+    )
     sender.start()
     return sender
 

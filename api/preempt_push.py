@@ -25,11 +25,14 @@ from api.live_traffic import LiveTraffic
 from api.temporal_link import TemporalLink
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import LiveCountReport
+from backfill.metrics import PREEMPT_WORKERS
+from backfill.preempt_peers import find_workers
 from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
 
 log = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 1.0
+PATH = "/preempt/live"
 SEND_TIMEOUT = 1.0
 
 
@@ -43,11 +46,19 @@ class PreemptSender:
         token: str,
         process: str,
         transport: httpx.AsyncBaseTransport | None = None,
+        task_queue: str | None = None,
     ) -> None:
         self.live = live
         self.link = link
         self.routes = routes
-        self.urls = [u.rstrip("/") + "/preempt/live" for u in worker_urls]
+        self._listed = [u.rstrip("/") for u in worker_urls]
+        """`BACKFILL_PREEMPT_WORKER_URLS`: workers always sent to, besides those found."""
+        self._task_queue = task_queue
+        """Where the workers are found (`backfill.preempt_peers`; None: the list only)."""
+        self.workers = list(self._listed)
+        """Every worker's channel address: listed and found."""
+        self.reached: set[str] = set()
+        """The workers whose last report was taken (204)."""
         self.process = process
         self._transport = transport
         self._headers = {"Authorization": f"Bearer {token}"}
@@ -107,29 +118,52 @@ class PreemptSender:
         body = report.model_dump_json().encode()
         headers = {**self._headers, "Content-Type": "application/json"}
 
-        async def one(url: str) -> None:
+        async def one(worker: str) -> None:
             assert self._http is not None
             try:
-                resp = await self._http.post(url, content=body, headers=headers)
+                resp = await self._http.post(worker + PATH, content=body, headers=headers)
                 if resp.status_code != 204:
-                    log.warning("worker %s refused a live count (%d)", url, resp.status_code)
+                    log.warning("worker %s refused a live count (%d)", worker, resp.status_code)
+                    self.reached.discard(worker)
+                else:
+                    self.reached.add(worker)
             except httpx.HTTPError as err:
-                log.debug("live count not sent to %s: %s", url, err)
+                log.debug("live count not sent to %s: %s", worker, err)
+                self.reached.discard(worker)
 
-        await asyncio.gather(*(one(u) for u in self.urls))
+        await asyncio.gather(*(one(w) for w in self.workers))
         self.sent += 1
+        PREEMPT_WORKERS.labels("found").set(len(self.workers))
+        PREEMPT_WORKERS.labels("reached").set(len(self.reached & set(self.workers)))
 
     async def _refresh(self) -> None:
         """Read the routes' policies now and every `POLICY_TTL` seconds; a route that turns
         preemption on is reported at once."""
         while True:
             before = {r for r in self.routes if self._policies.get(r) is not None}
+            await self._find_workers()
             await self._read_policies()
             turned_on = {r for r in self.routes if self._policies.get(r) is not None} - before
             if turned_on:
                 self._dirty |= turned_on
                 self._wake.set()
             await asyncio.sleep(POLICY_TTL)
+
+    async def _find_workers(self) -> None:
+        """The listed workers and those polling the task queue now; a new one is sent the
+        current counts at once."""
+        if self._task_queue is None:
+            return
+        try:
+            found = await find_workers(self.link.client(), self._task_queue)
+        except Exception as err:  # Temporal down or slow: keep the workers we had
+            log.debug("preemption workers not looked up: %s", err)
+            return
+        workers = sorted(set(self._listed) | set(found))
+        if set(workers) - set(self.workers):
+            self._dirty |= set(self.routes)
+            self._wake.set()
+        self.workers = workers
 
     async def _read_policies(self) -> None:
         for route in self.routes:

@@ -184,6 +184,18 @@ class BatchList(BaseModel):
 # ---- management API: batch scheduling ----------------------------------------------------------
 
 
+class PreemptChannelStatus(BaseModel):
+    """The workers preemptive yield's channel knows of and reaches, from one api process."""
+
+    model_config = _Output
+
+    workers_found: int
+    """Activity workers polling the task queue now (or listed in
+    `BACKFILL_PREEMPT_WORKER_URLS`)."""
+    workers_reached: int
+    """Those whose last live count was taken: 0 with `preempt` set means no line is preempted."""
+
+
 class SchedulingStatus(BaseModel):
     model_config = _Output
 
@@ -207,6 +219,9 @@ class SchedulingStatus(BaseModel):
     seats_held_back: int = 0
     """Seats the workers hold back from batch lines for preemptive yield's live TTFT target,
     beyond `keep_free` (the allotment leaves them out)."""
+    preempt_channel: PreemptChannelStatus | None = None
+    """Preemptive yield's channel as this api process sees it (null: off, no
+    `BACKFILL_PREEMPT_TOKEN`: a `preempt` setting then preempts nothing)."""
     state: Literal["open", "paused"] = "open"
     """`paused`: a gate holds every new line back; running lines finish."""
     reason: str | None = None

@@ -6,7 +6,7 @@ without breaking running workflows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -252,6 +252,21 @@ class LiveCountReport(BaseModel):
     versions run side by side."""
     """The p90 time to first token of the process's streamed live requests on the route over the
     last few seconds (None: none), for the live-latency target."""
+
+
+class PeerLinesReport(BaseModel):
+    """A worker's batch lines upstream on a route, sent to every other worker while the route's
+    preemptive yield is on (`POST /preempt/lines`), so each counts the route's whole picture."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker: str = Field(min_length=1, max_length=200)
+    route: str = Field(min_length=1, max_length=200)
+    """A configured route (the worker refuses any other)."""
+    lines: list[tuple[Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)], bool]] = Field(
+        max_length=4096
+    )
+    """Each line: seconds since it went upstream, whether it may still be preempted."""
 
 
 class WatchLoadInput(BaseModel):

@@ -49,6 +49,24 @@ REPORTING_PROCESSES = Gauge(
     "channel; a process not heard from in 5 s is forgotten at the route's next report).",
     ["route"],
 )
+PREEMPT_ON = Gauge(
+    "gateway_preempt_on",
+    "1 while the route's preemptive yield is on, as this worker last read it from the route's "
+    "scheduler (0: off).",
+    ["route"],
+)
+PREEMPT_PEERS = Gauge(
+    "gateway_preempt_peer_workers",
+    "Other activity workers this worker sends its batch lines to (found polling the task "
+    "queue), so each counts every line on a route when it preempts.",
+)
+PREEMPT_WORKERS = Gauge(
+    "gateway_preempt_workers",
+    "Activity workers preemptive yield's channel knows of (state=found: listed or polling the "
+    "task queue now) and reaches (state=reached: the last live count sent was taken), in this "
+    "api process.",
+    ["state"],
+)
 WASTED_TOKENS = Counter(
     "gateway_batch_wasted_tokens_total",
     "Tokens preempted batch lines had generated, estimated: time upstream x the route's tokens "

@@ -26,6 +26,7 @@ from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
 from backfill import tracing
+from backfill import preempt_peers
 from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
@@ -37,6 +38,7 @@ from worker.held_back import HeldBackReporter
 from worker.lag import log_every
 from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
+from worker.peers import PeerSender
 from worker.preempt_channel import PolicyReader, PreemptChannel
 from worker.retention import ensure_schedule
 from worker.upstream import upstream_client
@@ -120,6 +122,7 @@ async def running_worker(
     *,
     task_queue: str | None = None,
     preempt: PreemptBoard | None = None,
+    identity: str | None = None,
 ) -> AsyncIterator[Worker]:
     """A started worker with its clients; stops it (and closes them) on exit. It runs the
     workflows, the activities or both, as `settings.worker_role` says; a workflows-only worker
@@ -149,6 +152,7 @@ async def running_worker(
             **eager_options(settings.worker_eager_activities),
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
             **traced_sandbox(),
+            identity=identity,
         )
         async with worker:
             yield worker
@@ -215,14 +219,16 @@ async def serve(settings: Settings) -> None:
     sdk_bind = sdk_metrics_bind()
     client = await connect(settings, metrics_bind=sdk_bind, interceptors=tracing.interceptors())
     # Preemptive yield's direct channel: only with its shared token (decision 0023).
-    board, channel, held_back, policies = None, None, None, None
+    board, channel, held_back, policies, peers = None, None, None, None, None
     if settings.preempt_token and runs_activities(settings.worker_role):
         routes = [r.id for m in settings.models for r in m.routes]
         held_back = HeldBackReporter(client).start()
         board = PreemptBoard(on_held_back=held_back.changed)
         policies = PolicyReader(client, board, routes).start()
         loop = asyncio.get_running_loop()
-        channel = PreemptChannel(board, loop, settings.preempt_token, routes)
+        channel = PreemptChannel(
+            board, loop, settings.preempt_token, routes, worker=held_back.worker
+        )
     metrics_server = start_metrics(settings, sdk_bind, channel)
     exporter = asyncio.create_task(Exporter(client, settings).run())
     signals = StopSignals(settings.shutdown_grace_seconds)
@@ -233,7 +239,22 @@ async def serve(settings: Settings) -> None:
     lag_task = None
     if settings.worker_loop_lag_log_seconds is not None:
         lag_task = asyncio.create_task(log_every(settings.worker_loop_lag_log_seconds))
-    async with running_worker(client, settings, preempt=board):
+    # The api processes find this worker's channel from its identity on the task queue.
+    identity = None
+    if board is not None and held_back is not None and metrics_server is not None:
+        own_url = preempt_peers.channel_url(settings.worker_metrics_host, metrics_server.port)
+        identity = preempt_peers.identity(own_url)
+        # The other workers count this one's lines, and it theirs (decision 0033).
+        peers = PeerSender(
+            client,
+            board,
+            worker=held_back.worker,
+            own_url=own_url,
+            task_queue=settings.task_queue,
+            token=settings.preempt_token or "",
+        ).start()
+        board.on_lines = peers.changed
+    async with running_worker(client, settings, preempt=board, identity=identity):
         log.info(
             "worker (%s) polling task queue %r at %s",
             ROLE_NAMES[settings.worker_role],
@@ -250,6 +271,8 @@ async def serve(settings: Settings) -> None:
         await held_back.stop()
     if policies is not None:
         await policies.stop()
+    if peers is not None:
+        await peers.stop()
     # Leaving the block shut the worker down: polling stopped at once, running activities had
     # up to `graceful_shutdown_timeout` (they keep heartbeating meanwhile), then were cancelled.
     log.info("worker stopped")

@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from worker.preempt_channel import MAX_BODY, PATH, PreemptChannel
+from worker.preempt_channel import MAX_BODY, PreemptChannel
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,10 @@ def content_length(value: str | None) -> int | None:
 
 class MetricsServer:
     """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop),
-    and, with preemptive yield's channel, `POST /preempt/live` (`worker.preempt_channel`). At
-    most `MAX_CONNECTIONS` at once, each closed after `SOCKET_TIMEOUT` s of silence; a request
-    whose length is not a byte count within `MAX_BODY` is answered 400."""
+    and, with preemptive yield's channel, `POST /preempt/live` and `/preempt/lines`
+    (`worker.preempt_channel`). At most `MAX_CONNECTIONS` at once, each closed after
+    `SOCKET_TIMEOUT` s of silence; a request whose length is not a byte count within its path's
+    `MAX_BODY` is answered 400."""
 
     def __init__(
         self,
@@ -97,19 +98,20 @@ class MetricsServer:
             timeout = SOCKET_TIMEOUT
 
             def do_POST(self) -> None:  # noqa: N802  # http.server's name
-                if preempt is None or self.path != PATH:
+                if preempt is None or self.path not in MAX_BODY:
                     self.send_error(404)
                     return
                 length = content_length(self.headers.get("Content-Length"))
                 if (
                     length is None
-                    or not 0 < length <= MAX_BODY
+                    or not 0 < length <= MAX_BODY[self.path]
                     or "Transfer-Encoding" in self.headers
                 ):
                     self.close_connection = True  # the body's end is unknown: nothing follows
                     self.send_error(400)
                     return
-                status = preempt.handle(self.headers.get("Authorization"), self.rfile.read(length))
+                body = self.rfile.read(length)
+                status = preempt.handle(self.headers.get("Authorization"), body, self.path)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

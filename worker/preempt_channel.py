@@ -23,13 +23,15 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from activities.preemption import PreemptBoard
-from backfill.messages import LiveCountReport
+from backfill.messages import LiveCountReport, PeerLinesReport
 from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
 
 log = logging.getLogger(__name__)
 
 PATH = "/preempt/live"
-MAX_BODY = 4096
+LINES_PATH = "/preempt/lines"
+MAX_BODY = {PATH: 4096, LINES_PATH: 128 * 1024}
+"""Largest request body per path (a lines report holds up to 4,096 lines)."""
 
 
 class PreemptChannel:
@@ -39,18 +41,30 @@ class PreemptChannel:
         loop: asyncio.AbstractEventLoop,
         token: str,
         routes: Iterable[str],
+        worker: str = "",
     ) -> None:
         self.board = board
+        self.worker = worker
+        """This worker's id in the lines reports it sends (its own are ignored)."""
         self.loop = loop
         self._token = f"Bearer {token}".encode()
         self.routes = frozenset(routes)
         """The configured routes: a report on any other is refused."""
 
-    def handle(self, authorization: str | None, body: bytes) -> int:
-        """The HTTP status of one request (called on the server's thread)."""
+    def handle(self, authorization: str | None, body: bytes, path: str = PATH) -> int:
+        """The HTTP status of one request to `path` (called on the server's thread)."""
         if authorization is None or not hmac.compare_digest(authorization.encode(), self._token):
             return 401
         try:
+            if path == LINES_PATH:
+                lines = PeerLinesReport.model_validate_json(body)
+                if lines.route not in self.routes:
+                    return 400
+                if lines.worker != self.worker:  # its own report, sent to itself: not a peer
+                    self.loop.call_soon_threadsafe(
+                        self.board.peer_lines, lines.route, lines.worker, lines.lines
+                    )
+                return 204
             report = LiveCountReport.model_validate_json(body)
         except ValidationError:
             return 400

@@ -11,6 +11,7 @@ its own, stops the rest and exits 1.
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import sys
 import threading
@@ -215,6 +216,10 @@ def run(
             # A development stack: the api may serve the repository's public dev keys.
             "BACKFILL_DEV_STACK": "1",
             "BACKFILL_WORKER_METRICS_PORT": str(worker_metrics_port),
+            # Preemptive yield's channel: a fresh token each run, the worker's /metrics server
+            # on loopback (the api finds it on the task queue: decision 0032).
+            "BACKFILL_PREEMPT_TOKEN": secrets.token_urlsafe(24),
+            "BACKFILL_WORKER_METRICS_HOST": LOOPBACK,
             "PYTHONUNBUFFERED": "1",
         }
         sim_args = ["--host", LOOPBACK, "--port", str(sim_port)]

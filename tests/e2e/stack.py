@@ -123,8 +123,8 @@ class Stack:
         tenants: int = 0,
     ) -> None:
         """`upstream_key`: the routes' credential (through `api_key_env`), else none.
-        `preempt_token`: preemptive yield's direct channel on (every process gets the token,
-        the api the workers started with the stack), else off.
+        `preempt_token`: preemptive yield's direct channel on (every process gets the token;
+        the api finds the workers on the task queue), else off.
         `tenants`: key sets for leases (a shared stack), each with its own keys and workspaces,
         besides the stack's own KEYS."""
         self.tmp = tmp
@@ -270,9 +270,6 @@ class Stack:
         self.write_config()
         for _ in range(workers):
             self.start_worker()
-        if "BACKFILL_PREEMPT_TOKEN" in self.extra_env:  # the api sends live counts to them
-            urls = [f"http://127.0.0.1:{p}" for p in self.worker_metrics_ports]
-            self.extra_env["BACKFILL_PREEMPT_WORKER_URLS"] = ",".join(urls)
         self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
         await self.wait_healthy()
         return self

@@ -50,16 +50,21 @@ async def scheduling(stack: Stack, http: httpx.AsyncClient) -> dict[str, Any]:
     return resp.json()  # type: ignore[no-any-return]
 
 
+async def worker_samples(stack: Stack, name: str, worker: int = 0) -> dict[str, float]:
+    """Worker `worker`'s samples of metric `name`, by their `route` label ("" without)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.get(f"http://127.0.0.1:{stack.worker_metrics_ports[worker]}/metrics")
+    return {
+        s.labels.get("route", ""): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
 async def held_back(stack: Stack, http: httpx.AsyncClient) -> float | None:
     """The worker's `gateway_batch_seats_held_back` for the stack's route (None: not yet set)."""
-    r = await http.get(f"http://127.0.0.1:{stack.worker_metrics_ports[0]}/metrics")
-    for family in text_string_to_metric_families(r.text):
-        for sample in family.samples:
-            if sample.name == "gateway_batch_seats_held_back" and sample.labels == {
-                "route": stack.route_id
-            }:
-                return sample.value
-    return None
+    return (await worker_samples(stack, "gateway_batch_seats_held_back")).get(stack.route_id)
 
 
 async def put_settings(stack: Stack, http: httpx.AsyncClient, doc: dict[str, Any]) -> None:
@@ -211,6 +216,21 @@ async def test_a_preempted_line_is_counted_in_the_batch_and_the_route_status(
         }
         await put_settings(stack, http, settings)
         client = stack.client()
+        # The worker has read the route's preemption on and hears the api's live counts, so the
+        # first live arrival beside two running lines ends one (else it could come before, and
+        # the allotment alone would keep the seat: no line to end).
+        await poll(
+            lambda: worker_samples(stack, "gateway_preempt_on"),
+            lambda s: s.get(stack.route_id) == 1,
+            within=30,
+            what="the worker reading the route's preemption on",
+        )
+        await poll(
+            lambda: worker_samples(stack, "gateway_preempt_reporting_processes"),
+            lambda s: s.get(stack.route_id, 0) >= 1,
+            within=30,
+            what="the api's live counts reaching the worker",
+        )
         batch_id = await submit(stack, 40)
         await poll(
             lambda: batch_arrivals(stack), lambda a: len(a) >= 2, within=30, what="lines flowing"
@@ -227,8 +247,6 @@ async def test_a_preempted_line_is_counted_in_the_batch_and_the_route_status(
 
         live = asyncio.ensure_future(live_traffic())
         try:
-            # The api reads the route's preemption policy every 5 s, then sends its live count
-            # to the worker at every change and every second.
             await poll(
                 lambda: scheduling(stack, http),
                 lambda d: d["status"]["preempted_lines"] > 0,

@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, submit, wait_terminal
-from tests.e2e.test_live_gates import batch_arrivals, put_settings
+from tests.e2e.test_live_gates import batch_arrivals, put_settings, worker_samples
 from tests.polling import poll_until
 
 TOKEN = "e2e-channel"
@@ -48,18 +47,6 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_server: Any) -> As
 
 def channel(stack: Stack) -> str:
     return f"http://127.0.0.1:{stack.worker_metrics_ports[0]}/preempt/live"
-
-
-async def worker_samples(stack: Stack, name: str) -> dict[str, float]:
-    """The worker's samples of metric `name`, by their `route` label."""
-    async with httpx.AsyncClient(timeout=10) as http:
-        r = await http.get(f"http://127.0.0.1:{stack.worker_metrics_ports[0]}/metrics")
-    return {
-        s.labels.get("route", ""): s.value
-        for family in text_string_to_metric_families(r.text)
-        for s in family.samples
-        if s.name == name
-    }
 
 
 def count(stack: Stack, **fields: Any) -> dict[str, Any]:

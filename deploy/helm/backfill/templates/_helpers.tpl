@@ -71,6 +71,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
       key: temporal-api-key
       {{- end }}
 {{- end }}
+{{- if .Values.preempt.existingSecret }}
+- name: BACKFILL_PREEMPT_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.preempt.existingSecret }}
+      key: {{ .Values.preempt.key }}
+{{- end }}
 {{- end }}
 
 {{/* The Secret the chart makes for secrets given as values (`secrets.yaml`). */}}

@@ -1,0 +1,126 @@
+"""Sends this worker's batch lines upstream to every other worker, for exact preemption.
+
+Preemption must count every batch line upstream on a route, whichever worker runs it
+(docs/decisions/0033). The board calls `changed(route)` whenever this worker's lines there change
+(a line goes upstream, ends, or is told to stop); a task of its own sends the route's lines (each:
+seconds since it went upstream, whether it may still be preempted) to every other worker's
+channel (`POST /preempt/lines`, the shared token), at once and as a keep-alive every second
+(a worker forgets another's lines not renewed in 5 s). The other workers are found as the api
+processes find them: polling the task queue (`backfill.preempt_peers`). Changes that come while
+a round is being sent go out together in the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import httpx
+from temporalio.client import Client
+
+from activities.preemption import PreemptBoard
+from backfill.messages import PeerLinesReport
+from backfill.metrics import PREEMPT_PEERS
+from backfill.preempt_peers import LOOK_EVERY, find_workers
+from worker.preempt_channel import LINES_PATH
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_SECONDS = 1.0
+SEND_TIMEOUT = 1.0
+
+
+class PeerSender:
+    def __init__(
+        self,
+        client: Client,
+        board: PreemptBoard,
+        *,
+        worker: str,
+        own_url: str,
+        task_queue: str,
+        token: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._client = client
+        self._board = board
+        self.worker = worker
+        self._own = own_url
+        self._task_queue = task_queue
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._transport = transport
+        self.peers: list[str] = []
+        self._routes: set[str] = set()
+        """Routes this worker has reported lines on (renewed, empty lists too)."""
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: httpx.AsyncClient | None = None
+
+    def changed(self, route: str) -> None:
+        """This worker's lines on `route` changed (on the event loop)."""
+        self._routes.add(route)
+        self._dirty.add(route)
+        self._wake.set()
+
+    def start(self) -> PeerSender:
+        self._http = httpx.AsyncClient(
+            trust_env=False, timeout=SEND_TIMEOUT, transport=self._transport
+        )
+        self._tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._look())]
+        return self
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _look(self) -> None:
+        while True:
+            try:
+                found = await find_workers(self._client, self._task_queue)
+                self.peers = [u for u in found if u != self._own]
+                PREEMPT_PEERS.set(len(self.peers))
+            except Exception as err:  # Temporal down or slow: keep the peers we had
+                log.debug("other workers not looked up: %s", err)
+            await asyncio.sleep(LOOK_EVERY)
+
+    async def _send_loop(self) -> None:
+        last_keepalive = -1e9
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(KEEPALIVE_SECONDS):
+                    await self._wake.wait()
+            self._wake.clear()
+            now = time.monotonic()
+            if now - last_keepalive >= KEEPALIVE_SECONDS:
+                due, last_keepalive = set(self._routes), now
+            else:
+                due = set(self._dirty)
+            self._dirty.clear()
+            if self.peers and due:
+                await asyncio.gather(*(self._send(r) for r in sorted(due)))
+
+    async def _send(self, route: str) -> None:
+        assert self._http is not None
+        report = PeerLinesReport(
+            worker=self.worker, route=route, lines=self._board.own_lines(route)
+        )
+        body = report.model_dump_json().encode()
+
+        async def one(peer: str) -> None:
+            assert self._http is not None
+            try:
+                resp = await self._http.post(peer + LINES_PATH, content=body, headers=self._headers)
+                if resp.status_code != 204:
+                    log.warning("worker %s refused our lines (%d)", peer, resp.status_code)
+            except httpx.HTTPError as err:
+                log.debug("lines not sent to %s: %s", peer, err)
+
+        await asyncio.gather(*(one(p) for p in self.peers))
