@@ -25,8 +25,7 @@ from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
-from backfill import tracing
-from backfill import preempt_peers
+from backfill import preempt_peers, tracing
 from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
 from backfill.load_metrics import configured_bases
 from backfill.load_reader import ServerLoadReader
