@@ -23,7 +23,7 @@ seats out: `worker.held_back`).
 
 With several workers, each tells the others which lines it has upstream (`own_lines`, sent by
 `worker.peers`; `peer_lines` on arrival), so every worker counts the route's whole picture and
-ends its own lines among the youngest route-wide (docs/decisions/0033). Everything runs on the
+ends its own lines among the youngest route-wide (docs/decisions/0035). Everything runs on the
 worker's event loop; `report` and `peer_lines` are called there (the HTTP thread hands them
 over).
 """
@@ -93,7 +93,7 @@ class _Route:
     """The route's policy as its scheduler last answered (None: preemption off)."""
     reports: dict[str, _Report] = field(default_factory=dict)
     peers: dict[str, _PeerLines] = field(default_factory=dict)
-    """Other workers' lines upstream on the route, by worker (decision 0033)."""
+    """Other workers' lines upstream on the route, by worker (decision 0035)."""
     tickets: list[Ticket] = field(default_factory=list)
     tokens_per_second: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -247,7 +247,7 @@ class PreemptBoard:
         n = excess(policy, live, len(sending) + len(peer_started))
         if n == 0:
             return 0
-        # The youngest lines route-wide; each worker ends its own among them (decision 0033).
+        # The youngest lines route-wide; each worker ends its own among them (decision 0035).
         chosen = lines_to_preempt(
             [t.sent_at or 0.0 for t in sending] + peer_started,
             [t.preemptions < policy.max_preemptions for t in sending] + peer_preemptible,

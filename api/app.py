@@ -144,7 +144,7 @@ def preempt_sender(
     settings: Settings, live: LiveTraffic, link: TemporalLink, process: str
 ) -> PreemptSender | None:
     """Preemptive yield's sender of live counts to the workers (decision 0023), started; None
-    without its token. The workers are found on the task queue (decision 0032), plus any listed
+    without its token. The workers are found on the task queue (decision 0034), plus any listed
     in `BACKFILL_PREEMPT_WORKER_URLS`."""
     urls = [u.strip() for u in settings.preempt_worker_urls.split(",") if u.strip()]
     if not settings.preempt_token:

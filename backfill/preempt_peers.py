@@ -6,7 +6,7 @@ the pollers of a task queue with the time each last polled, so `find_workers` (a
 `DescribeTaskQueue` call: no history) lists every worker polling now, wherever it runs: a
 Deployment's pods, compose replicas, `backfill dev`. A worker that joins is found at the next
 look (every `LOOK_EVERY` seconds); one that stopped polling drops out after `POLLER_FRESH`
-seconds. Nothing has to be listed or resolved (docs/decisions/0032).
+seconds. Nothing has to be listed or resolved (docs/decisions/0034).
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ async def serve(settings: Settings) -> None:
     if board is not None and held_back is not None and metrics_server is not None:
         own_url = preempt_peers.channel_url(settings.worker_metrics_host, metrics_server.port)
         identity = preempt_peers.identity(own_url)
-        # The other workers count this one's lines, and it theirs (decision 0033).
+        # The other workers count this one's lines, and it theirs (decision 0035).
         peers = PeerSender(
             client,
             board,

@@ -1,7 +1,7 @@
 """Sends this worker's batch lines upstream to every other worker, for exact preemption.
 
 Preemption must count every batch line upstream on a route, whichever worker runs it
-(docs/decisions/0033). The board calls `changed(route)` whenever this worker's lines there change
+(docs/decisions/0035). The board calls `changed(route)` whenever this worker's lines there change
 (a line goes upstream, ends, or is told to stop); a task of its own sends the route's lines (each:
 seconds since it went upstream, whether it may still be preempted) to every other worker's
 channel (`POST /preempt/lines`, the shared token), at once and as a keep-alive every second
