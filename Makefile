@@ -98,6 +98,6 @@ VLLM_VENV ?= .venv-vllm
 test-vllm: venv
 	@$(BIN)/python -m tests.vllm.upstreams; rc=$$?; \
 	if [ $$rc = 3 ]; then exit 0; elif [ $$rc != 0 ]; then exit $$rc; fi; \
-	tests/vllm/make_venv.sh $(VLLM_VENV) && \
+	bash tests/vllm/make_venv.sh $(VLLM_VENV) && \
 	$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_VENV)/tiny-llama && \
 	BACKFILL_VLLM_VENV=$(VLLM_VENV) $(BIN)/pytest -p no:randomly -q -rs --durations=10 tests/vllm
