@@ -2,7 +2,7 @@
 `make test-vllm`, or any `--upstream`) with live traffic and a batch load beside it. Issue 37.
 
     .venv/bin/python -m bench.real_engine --out bench-real-engine.json
-    .venv/bin/python -m bench.real_engine --upstream http://127.0.0.1:8000 --rows live,naive
+    .venv/bin/python -m bench.real_engine --upstream http://127.0.0.1:8200 --rows live,naive
 
 The simulator benches (`bench.spare_capacity`) count tokens per class inside the simulator; a
 real engine only reports totals, so here live tokens are counted by the client (each live stream
@@ -23,7 +23,9 @@ Spare = the saturation capacity (2 × seats requests in flight, measured first o
 minus the live row's live tokens/s; batch share = batch tokens/s ÷ spare. The CPU build is slow and
 shares the cores with everything else: read the ratios of one run, side by side, not the absolute
 numbers. Without `--upstream`, vLLM is started from `--venv` (built by `make test-vllm`), one server
-per policy in turn.
+per policy in turn. With `--upstream`, every row runs on that one server, whatever its policy;
+the gateway's model id is `demo`, so serve the model under that name (`--model` changes what the
+client rows ask for, not the gateway's).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Config:
     window_s: float = 60.0
     capacity_s: float = 30.0
     seed: int = 1
+    model: str = "demo"
+    """The served model name (`--served-model-name`); the started vLLM serves `tiny` and `demo`."""
 
 
 @dataclass
@@ -79,10 +83,10 @@ class Row:
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
-def body(tokens: int, words: int, **extra: Any) -> dict[str, Any]:
+def body(cfg: Config, tokens: int, words: int, **extra: Any) -> dict[str, Any]:
     prompt = " ".join(f"w{i}" for i in range(words))
     return {
-        "model": "demo",
+        "model": cfg.model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "ignore_eos": True,  # vLLM: exactly max_tokens, whatever the random model samples
@@ -101,7 +105,11 @@ async def generated(http: httpx.AsyncClient, url: str) -> float:
 async def live_stream(http: httpx.AsyncClient, url: str, cfg: Config, row: Row) -> int:
     """One live request; its TTFT into `row`, its completion tokens returned."""
     start = time.monotonic()
-    req = {**body(cfg.live_tokens, 20), "stream": True, "stream_options": {"include_usage": True}}
+    req = {
+        **body(cfg, cfg.live_tokens, 20),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     tokens = 0
     try:
         async with http.stream("POST", f"{url}{CHAT}", json=req) as resp:
@@ -146,7 +154,7 @@ class Naive:
 
     def __init__(self, url: str, cfg: Config, n: int, priority: int | None = None) -> None:
         extra = {} if priority is None else {"priority": priority}
-        self.url, self.req = url, body(cfg.batch_tokens, 100, **extra)
+        self.url, self.req = url, body(cfg, cfg.batch_tokens, 100, **extra)
         self.n, self.tasks, self.done = n, list[asyncio.Task[None]](), 0
 
     async def _worker(self) -> None:
@@ -184,7 +192,7 @@ class Backfill:
             )
             r.raise_for_status()
         put_at = time.monotonic()
-        line = {"method": "POST", "url": CHAT, "body": body(self.cfg.batch_tokens, 100)}
+        line = {"method": "POST", "url": CHAT, "body": body(self.cfg, self.cfg.batch_tokens, 100)}
         data = "".join(json.dumps({"custom_id": f"l{i}", **line}) + "\n" for i in range(2000))
         client = self.stack.client()
         f = await client.files.create(file=("b.jsonl", data.encode()), purpose="batch")
@@ -230,6 +238,8 @@ async def run_row(name: str, policy: str, url: str, stack: Any, cfg: Config) -> 
     row.live_tokens_per_s = live_tokens / (t1 - t0)
     row.batch_tokens_per_s = max(0.0, (g1 - g0 - live_tokens) / (t1 - t0))
     log(f"{name} ({policy}): {json.dumps(asdict(row) | {'ttft_ms': None})}")
+    if row.live_errors == row.live_sent:
+        raise RuntimeError(f"every live request of row {name} failed (is --model served?)")
     return row
 
 
@@ -280,7 +290,7 @@ async def gateway(url: str, cfg: Config) -> AsyncIterator[Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    cfg = Config(seats=args.seats, live_rate=args.live_rate, window_s=args.window)
+    cfg = Config(seats=args.seats, live_rate=args.live_rate, window_s=args.window, model=args.model)
     rows = args.rows.split(",")
     out: dict[str, Any] = {"config": asdict(cfg), "rows": [], "capacity": {}}
     by_policy = {
@@ -330,6 +340,7 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--upstream", help="a running vLLM's URL (default: start one per policy)")
+    p.add_argument("--model", default="demo", help="the served model name to ask for")
     p.add_argument("--venv", default=".venv-vllm", help="the vLLM venv (make test-vllm's)")
     p.add_argument("--rows", default="live,naive,backfill,engine-priority,backfill+priority")
     p.add_argument("--seats", type=int, default=Config.seats, help="vLLM --max-num-seqs")
