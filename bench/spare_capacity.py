@@ -471,9 +471,12 @@ class Bench:
 
 
 @contextlib.asynccontextmanager
-async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Bench]:
-    """The simulator, and (for backfill modes) the real stack with it as the route upstream and
-    preemptive yield's direct channel (api → worker) on."""
+async def environment(
+    workload: Workload, need_stack: bool, workers: int = 1
+) -> AsyncIterator[Bench]:
+    """The simulator, and (for backfill modes) the real stack with it as the route upstream,
+    `workers` activity workers and preemptive yield's direct channel on (the api finds the
+    workers on the task queue; they count each other's lines)."""
     if not need_stack:
         async with SimServer(workload.sim_config()) as sim:
             yield Bench(workload, sim)
@@ -501,9 +504,8 @@ async def environment(workload: Workload, need_stack: bool) -> AsyncIterator[Ben
             try:
                 await stack.sim.start()
                 stack.write_config()
-                stack.start_worker()
-                port = stack.worker_metrics_ports[0]
-                stack.extra_env["BACKFILL_PREEMPT_WORKER_URLS"] = f"http://127.0.0.1:{port}"
+                for _ in range(workers):
+                    stack.start_worker()
                 stack.api.start(backfill_argv("api"), stack.env(), stack.tmp / "api.log")
                 await stack.wait_healthy()
                 yield Bench(workload, stack.sim, stack=stack)
@@ -576,7 +578,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     need_stack = uses_gateway(modes)
     segments = [asdict(s) for s in w.segments()]
     log(f"workload: trace {w.trace}, {w.duration_s:.0f}s, segments {segments}")
-    async with environment(w, need_stack) as bench:
+    async with environment(w, need_stack, args.workers) as bench:
         bench.batch_lines = args.batch_lines
         capacity = await bench.measure_capacity(args.capacity_s)
         log(f"capacity: {capacity}")
@@ -590,6 +592,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": " ".join(sys.argv),
         "workload": asdict(w),
+        "workers": args.workers,
         "segments": segments,
         "capacity": capacity,
         "reference": reference,
@@ -621,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=d.seed, help="the first repetition's seed")
     p.add_argument("--capacity-s", type=float, default=20.0)
     p.add_argument("--batch-lines", type=int, default=600, help="lines per backfill batch")
+    p.add_argument("--workers", type=int, default=1, help="backfill's activity workers")
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="whole run, seconds")
     args = p.parse_args(argv)
