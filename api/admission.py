@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from api.errors import RetryLater, TooManyRequests
 from api.history_view import quick_query
+from backfill import search_attributes as sa
 from backfill.admission import (
     AdmissionInput,
     ReleaseRequest,
@@ -192,6 +193,40 @@ async def held(client: Client, workspace: str) -> list[Reservation]:
             raise _no_answer(workspace, "this upload") from None
         raise
     return view.reservations
+
+
+@dataclass
+class Pinned:
+    """The pinned inputs an upload's storage count includes (`pinned`)."""
+
+    held: list[Reservation]
+    """The workspace's reservations (their deleted inputs count exactly)."""
+    bound: int = 0
+    """When admission did not answer: the most bytes the pinned inputs could take (each running
+    batch's input at `limits.max_file_bytes`), counted instead; 0 when `held` is exact."""
+    unanswered: RetryLater | None = None
+    """The 503 to answer when only that bound stands between the upload and the limit."""
+
+
+async def pinned(client: Client, settings: Settings, workspace: str) -> Pinned:
+    """What the storage quota counts for pinned inputs: the reservations, or, while admission
+    does not answer, an upper bound from Temporal's visibility count of the workspace's running
+    batches, so an upload that fits even then needs no worker, and one that might not is
+    refused 503 rather than let through on a guess."""
+    try:
+        return Pinned(held=await held(client, workspace))
+    except RetryLater as unanswered:
+        query = (
+            f"WorkflowType = 'BatchWorkflow' AND ExecutionStatus = 'Running' "
+            f"AND {sa.WORKSPACE.name} = '{sa.quote(workspace)}'"
+        )
+        try:
+            running = (await client.count_workflows(query)).count
+        except RPCError:
+            raise unanswered from None
+        return Pinned(
+            held=[], bound=running * settings.limits.max_file_bytes, unanswered=unanswered
+        )
 
 
 _NO_ANSWER = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE)

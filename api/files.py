@@ -11,8 +11,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api import admission, audit
+from api.admission import Pinned
 from api.deps import ClientDep, IdentityDep, SettingsDep, StoreDep
-from api.errors import InvalidRequest, NotFound, TooManyRequests
+from api.errors import APIError, InvalidRequest, NotFound, TooManyRequests
 from api.schemas import (
     COMMON_ERRORS,
     UPLOAD_BODY,
@@ -22,7 +23,7 @@ from api.schemas import (
     error_responses,
 )
 from api.upload import read_upload
-from backfill.admission import Reservation, pinned_bytes
+from backfill.admission import pinned_bytes
 from backfill.config import Settings
 from backfill.store import FileObject as StoredFile
 from backfill.store import Store, chunks
@@ -55,13 +56,13 @@ async def upload_file(
     identity.require_write()
     workspace = identity.workspace
     limit = settings.workspace_limits(workspace).max_stored_bytes
-    held = await admission.held(client, workspace) if limit is not None else []
-    room = await asyncio.to_thread(storage_room, settings, store, workspace, held)
+    pins = await admission.pinned(client, settings, workspace) if limit is not None else None
+    room = await asyncio.to_thread(storage_room, settings, store, workspace, pins)
     parsed = await read_upload(request, store, settings.limits.max_file_bytes)
     upload = parsed.upload
     try:
         if upload is not None and room is not None and upload.size > room:
-            raise _storage_limit(limit, workspace)
+            raise _storage_limit(limit, workspace, pins)
         purpose = parsed.fields.get("purpose")
         if purpose is None:
             raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose")
@@ -83,37 +84,43 @@ async def upload_file(
     finally:
         if upload is not None:
             await asyncio.to_thread(upload.abort)
-    if limit is not None and await asyncio.to_thread(stored_bytes, store, workspace, held) > limit:
+    stored = await asyncio.to_thread(stored_bytes, store, workspace, pins) if pins else 0
+    if limit is not None and stored > limit:
         # Uploads in parallel each saw room for themselves: the one that finds the total over
         # the limit once it is stored takes itself back (docs/configuration.md, the bound).
         await asyncio.to_thread(store.delete_file, obj.id)
-        raise _storage_limit(limit, workspace)
+        raise _storage_limit(limit, workspace, pins)
     return FileObject.of(obj)
 
 
-def stored_bytes(store: Store, workspace: str, held: list[Reservation]) -> int:
+def stored_bytes(store: Store, workspace: str, pins: Pinned) -> int:
     """Bytes the workspace keeps stored: its files, plus the pinned inputs of its batches
-    still held by admission whose uploaded file is gone (`backfill.admission.pinned_bytes`)."""
+    still held by admission whose uploaded file is gone (`backfill.admission.pinned_bytes`),
+    or their bound while admission does not answer (`api.admission.pinned`)."""
     files = store.list_files(workspace)
-    return sum(f.bytes for f in files) + pinned_bytes(held, {f.id for f in files})
+    return sum(f.bytes for f in files) + pinned_bytes(pins.held, {f.id for f in files}) + pins.bound
 
 
 def storage_room(
-    settings: Settings, store: Store, workspace: str, held: list[Reservation]
+    settings: Settings, store: Store, workspace: str, pins: Pinned | None
 ) -> int | None:
-    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all.
-    `held`: the workspace's admission reservations (`api.admission.held`), whose deleted
-    inputs still count."""
+    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all
+    (503 when there might be, but admission did not answer). `pins`: the pinned inputs
+    (`api.admission.pinned`), which count."""
     limit = settings.workspace_limits(workspace).max_stored_bytes
     if limit is None:
         return None
-    room = limit - stored_bytes(store, workspace, held)
+    room = limit - stored_bytes(store, workspace, pins or Pinned(held=[]))
     if room <= 0:
-        raise _storage_limit(limit, workspace)
+        raise _storage_limit(limit, workspace, pins)
     return room
 
 
-def _storage_limit(limit: int | None, workspace: str) -> TooManyRequests:
+def _storage_limit(limit: int | None, workspace: str, pins: Pinned | None) -> APIError:
+    """429, or the 503 of an unanswered admission when only the bound of the pinned inputs
+    stood in the way."""
+    if pins is not None and pins.unanswered is not None and pins.bound > 0:
+        return pins.unanswered
     return TooManyRequests(
         f"Workspace {workspace!r} may store at most {limit} bytes of files; delete files "
         "(or let them expire) before uploading more.",

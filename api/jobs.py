@@ -20,12 +20,12 @@ from fastapi.responses import JSONResponse
 from temporalio.client import Client, WorkflowExecution
 
 from api import admission, audit, batches
+from api.admission import Pinned
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
 from api.files import storage_room
 from api.schemas import COMMON_ERRORS, CreateBatch, CreateJob, JobList, error_responses
 from backfill import search_attributes as sa
-from backfill.admission import Reservation
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchError
 from backfill.config import Settings
 from backfill.input_rules import validate_input
@@ -90,8 +90,8 @@ async def create_job(
     _check_line(line, req.path, settings, identity)
     workspace = identity.workspace
     limit = settings.workspace_limits(workspace).max_stored_bytes
-    held = await admission.held(client, workspace) if limit is not None else []
-    file = await asyncio.to_thread(_store_line, settings, store, workspace, line, held)
+    pins = await admission.pinned(client, settings, workspace) if limit is not None else None
+    file = await asyncio.to_thread(_store_line, settings, store, workspace, line, pins)
     create = CreateBatch(
         input_file_id=file.id,
         endpoint=req.path,
@@ -131,12 +131,14 @@ def _invalid(error: BatchError) -> InvalidRequest:
 
 
 def _store_line(
-    settings: Settings, store: Store, workspace: str, line: bytes, held: list[Reservation]
+    settings: Settings, store: Store, workspace: str, line: bytes, pins: Pinned | None
 ) -> StoredFile:
     """Store the job's line as an input file of the workspace (as `POST /v1/files` would):
-    `held`, the workspace's admission reservations, so pinned inputs count."""
-    room = storage_room(settings, store, workspace, held)
+    `pins`, the workspace's pinned inputs (`api.admission.pinned`), count."""
+    room = storage_room(settings, store, workspace, pins)
     if room is not None and len(line) > room:
+        if pins is not None and pins.unanswered is not None and pins.bound > 0:
+            raise pins.unanswered
         raise TooManyRequests(
             f"Workspace {workspace!r} has {room} bytes of file storage left; this job's "
             f"request needs {len(line)}. Delete files (or let them expire) first.",

@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import httpx
+import openai
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
@@ -88,13 +89,24 @@ async def test_pause_resume_cancel_of_another_workspaces_batch_is_404(
     assert done.model_extra and done.model_extra["backfill"]["paused_by"] is None
 
 
+async def submit_once_admitted(stack: Stack, n: int, *, prefix: str) -> str:
+    """`submit`, once a worker just started answers the admission (503 until then)."""
+    return await poll_until(
+        lambda: submit(stack, n, prefix=prefix),
+        timeout=60,
+        what="a batch admitted once the worker polls",
+        interval=0.5,
+        ignore=(openai.InternalServerError,),
+    )
+
+
 async def test_listing_with_no_worker_running(make_stack: MakeStack) -> None:
     """Finished batches list from their results, unfinished ones from their search attributes
     (no worker answers their queries): the page is whole, never an error."""
     stack = await make_stack(workers=0)
     client = stack.client()
     stack.start_worker()
-    finished = await submit(stack, 2, prefix="fin")
+    finished = await submit_once_admitted(stack, 2, prefix="fin")
     assert (await wait_terminal(client, finished, within=120)).status == "completed"
     paused = await submit(stack, 5, prefix="held")
     async with httpx.AsyncClient(timeout=60) as http:
@@ -124,13 +136,15 @@ async def test_listing_with_no_worker_running(make_stack: MakeStack) -> None:
 
 async def test_cancel_while_validating(make_stack: MakeStack, temporal_client: Client) -> None:
     """The cancel (the operator's signal, `temporal workflow signal --name cancel`) reaches the
-    batch before its validation ends, since no worker has picked it up yet: it ends cancelled,
-    and not one line is sent."""
+    batch before its validation ends, since no worker runs activities yet (a workflows-only
+    worker answers the admission and runs the batch's workflow): it ends cancelled, and not one
+    line is sent."""
     stack = await make_stack(workers=0)
-    batch_id = await submit(stack, 20, prefix="vcx")
+    stack.start_worker({"BACKFILL_WORKER_ROLE": "workflows"})
+    batch_id = await submit_once_admitted(stack, 20, prefix="vcx")
     handle = temporal_client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     await handle.signal(BatchWorkflow.cancel)
-    stack.start_worker()
+    stack.start_worker({"BACKFILL_WORKER_ROLE": "activities"})
     b = await wait_terminal(stack.client(), batch_id, within=120)
     assert b.status == "cancelled" and b.cancelled_at and b.in_progress_at is None, b
     assert b.request_counts is None or b.request_counts.completed == 0, b
