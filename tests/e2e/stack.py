@@ -41,6 +41,9 @@ from typing import Any
 
 import httpx
 import openai
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -272,7 +275,27 @@ class Stack:
             self.start_worker()
         self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
         await self.wait_healthy()
+        if workers:
+            await self.wait_polled()
         return self
+
+    async def wait_polled(self, within: float = 60) -> None:
+        """Until a worker polls the stack's task queue for workflow tasks: creating a batch
+        needs the admission workflow's answer (decision 0027), so a test's first create must
+        not race the worker's start."""
+        temporal = await connect_client(self.temporal_address)
+        request = DescribeTaskQueueRequest(
+            namespace=temporal.namespace,
+            task_queue=TaskQueue(name=self.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+
+        async def pollers() -> int:
+            return len((await temporal.workflow_service.describe_task_queue(request)).pollers)
+
+        await poll_until(
+            pollers, timeout=within, what=f"a worker polling {self.task_queue}", interval=0.2
+        )
 
     @contextlib.asynccontextmanager
     async def running(self, workers: int = 1) -> AsyncIterator[Stack]:
