@@ -88,8 +88,14 @@ async def test_backfill_dev_starts_runs_a_batch_and_stops_cleanly(tmp_path: Path
         # The whole system works: a batch runs through the simulator it started.
         client = openai.AsyncOpenAI(api_key=KEY, base_url=f"{api}/v1", max_retries=0)
         f = await client.files.create(file=("in.jsonl", jsonl(3)), purpose="batch")
-        b = await client.batches.create(
-            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        b = await poll_until(  # 503 until the worker it started answers the admission
+            lambda: client.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            ),
+            timeout=60,
+            what="the batch admitted",
+            interval=0.5,
+            ignore=(openai.InternalServerError,),
         )
         b = await wait_terminal(client, b.id, within=120)
         assert b.status == "completed" and b.request_counts.completed == 3, b
