@@ -21,7 +21,16 @@ async def test_one_live_request_ends_exactly_one_line_across_three_workers(
     tmp_path: Path, dev_server: TemporalServer
 ) -> None:
     sim = SimConfig(model_names=[], latency_ms=6000, stream_token_delay_ms=100)
-    stack = Stack(tmp_path, dev_server.address, cap=3, sim=sim, preempt_token="e2e-workers")
+    # No eager activities: each line goes through the task queue, so the three workers share
+    # the lines (eagerly, a batch's lines start on the worker that runs its workflow task).
+    stack = Stack(
+        tmp_path,
+        dev_server.address,
+        cap=3,
+        sim=sim,
+        preempt_token="e2e-workers",
+        extra_env={"BACKFILL_WORKER_EAGER_ACTIVITIES": "0"},
+    )
     async with stack.running(workers=WORKERS), httpx.AsyncClient(timeout=30) as http:
         await put_settings(
             stack,
