@@ -141,6 +141,7 @@ async def test_cancel_while_validating(make_stack: MakeStack, temporal_client: C
     line is sent."""
     stack = await make_stack(workers=0)
     stack.start_worker({"BACKFILL_WORKER_ROLE": "workflows"})
+    await stack.wait_polled()
     batch_id = await submit_once_admitted(stack, 20, prefix="vcx")
     handle = temporal_client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     await handle.signal(BatchWorkflow.cancel)

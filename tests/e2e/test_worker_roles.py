@@ -22,6 +22,7 @@ async def test_workflows_and_activities_in_separate_workers(
 ) -> None:
     stack = await make_stack(workers=0, cap=4, sim=SimConfig(model_names=[], latency_ms=50))
     flows = stack.start_worker({"BACKFILL_WORKER_ROLE": "workflows"})
+    await stack.wait_polled()  # its answer admits the batch (decision 0027)
     client = stack.client()
     batch_id = await submit(stack, LINES, prefix="role")
 
