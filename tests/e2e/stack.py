@@ -238,6 +238,8 @@ class Stack:
 
     def write_config(self) -> None:
         """(Re)write the config file from routes, cap, limits and keys (read at process start)."""
+        if self.lease_of is not None:
+            raise RuntimeError("a lease shares its stack's processes: use make_stack for your own")
         lines = ["[limits]"] + [f"{k} = {v!r}" for k, v in self.limits.items()]
         lines += ["[[models]]", 'id = "demo"']
         for route in self.routes:
@@ -268,6 +270,8 @@ class Stack:
         self.config_path.write_text("\n".join(lines) + "\n")
 
     async def start(self, workers: int = 1) -> Stack:
+        if self.lease_of is not None:
+            raise RuntimeError("a lease shares its stack's processes: use make_stack for your own")
         for sim in self.sims:
             await sim.start()
         self.write_config()
@@ -306,6 +310,8 @@ class Stack:
             await self.stop()
 
     def start_worker(self, extra_env: dict[str, str] | None = None) -> Child:
+        if self.lease_of is not None:
+            raise RuntimeError("a lease shares its stack's processes: use make_stack for your own")
         child = Child(f"worker{len(self.workers)}")
         port = free_port()
         env = {**self.env(), "BACKFILL_WORKER_METRICS_PORT": str(port), **(extra_env or {})}
