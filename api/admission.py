@@ -24,7 +24,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.errors import RetryLater, TooManyRequests
+from api.errors import RetryLater, TemporalUnavailable, TooManyRequests
 from api.history_view import quick_query
 from backfill import search_attributes as sa
 from backfill.admission import (
@@ -140,6 +140,9 @@ async def reserve(client: Client, settings: Settings, workspace: str, req: Reser
                     continue
                 if err.status not in _NO_ANSWER + (RPCStatusCode.RESOURCE_EXHAUSTED,):
                     raise
+                if err.status == RPCStatusCode.UNAVAILABLE:  # Temporal itself, not the workers
+                    await _gave_up(client, workspace, req.batch_id)
+                    raise TemporalUnavailable() from None
             except WorkflowUpdateRPCTimeoutOrCancelledError:
                 pass
             _of(workspace).unanswered = loop.time()
@@ -189,6 +192,8 @@ async def held(client: Client, workspace: str) -> list[Reservation]:
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return []
+        if err.status == RPCStatusCode.UNAVAILABLE:  # Temporal itself cannot be reached
+            raise TemporalUnavailable() from None
         if err.status in _NO_ANSWER or err.status == RPCStatusCode.RESOURCE_EXHAUSTED:
             raise _no_answer(workspace, "this upload") from None
         raise
@@ -222,7 +227,9 @@ async def pinned(client: Client, settings: Settings, workspace: str) -> Pinned:
         )
         try:
             running = (await client.count_workflows(query)).count
-        except RPCError:
+        except RPCError as err:
+            if err.status == RPCStatusCode.UNAVAILABLE:
+                raise TemporalUnavailable() from None
             raise unanswered from None
         return Pinned(
             held=[], bound=running * settings.limits.max_file_bytes, unanswered=unanswered
@@ -230,4 +237,6 @@ async def pinned(client: Client, settings: Settings, workspace: str) -> Pinned:
 
 
 _NO_ANSWER = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE)
-"""An update nobody answered in time (no worker polls the task queue): Temporal itself may be up."""
+"""An update nobody answered in time (no worker polls the task queue): Temporal itself may be up.
+UNAVAILABLE (Temporal cannot be reached at all) answers 503 `temporal_unavailable` instead, the
+code every other batch endpoint answers then, so an operator is sent to Temporal, not the workers."""

@@ -29,7 +29,9 @@ async def quick_query(handle: WorkflowHandle[Any, Any], query: Callable[..., R],
     """Ask the workflow, bounded in all by `QUICK_QUERY` (plus a grace): the SDK sends a query
     again when its RPC deadline passes, so `rpc_timeout` alone let one unanswered query (no
     worker) take 5 to 9 s. Running out raises `RPCError(DEADLINE_EXCEEDED)`, as the server's
-    own timeout does, so callers handle both alike."""
+    own timeout does, so callers handle both alike. So does the server's refusal when no worker
+    polled the task queue recently (FAILED_PRECONDITION "no poller seen", e.g. just after
+    Temporal restarted): nobody will answer, which is the same as no answer in time."""
     call = handle.query(query, *args, rpc_timeout=QUICK_QUERY)  # type: ignore[call-overload]
     try:
         return await asyncio.wait_for(call, QUICK_QUERY.total_seconds() + QUICK_QUERY_GRACE)  # type: ignore[no-any-return]
@@ -38,6 +40,12 @@ async def quick_query(handle: WorkflowHandle[Any, Any], query: Callable[..., R],
             f"query unanswered within {QUICK_QUERY.total_seconds():g} s",
             RPCStatusCode.DEADLINE_EXCEEDED,
             b"",
+        ) from None
+    except RPCError as err:
+        if err.status != RPCStatusCode.FAILED_PRECONDITION:
+            raise
+        raise RPCError(
+            f"query unanswered: {err.message}", RPCStatusCode.DEADLINE_EXCEEDED, b""
         ) from None
 
 

@@ -348,6 +348,9 @@ async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
             before = await submit(stack, 5, prefix="before")
             assert (await wait_terminal(oa, before, within=120)).status == "completed"
             baseline = await live_requests_flow(stack)
+            # Uploaded while Temporal is up: an upload under a storage limit (every workspace has
+            # one by default) needs the admission's count of pinned inputs (decision 0027).
+            f = await oa.files.create(file=("x.jsonl", b"{}\n"), purpose="batch")
 
             # Temporal frozen (slow: connections open, no answers).
             server.send_signal(signal.SIGSTOP)
@@ -367,8 +370,13 @@ async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
             stopped_503 = await assert_batches_unavailable(stack, before, within=10)
             doc = await health(stack)
             assert doc["status"] == "degraded" and doc["temporal"] == "unavailable", doc
-            # Files do not need Temporal; creating a batch does.
-            f = await oa.files.create(file=("x.jsonl", b"{}\n"), purpose="batch")
+            # Reading files does not need Temporal; an upload under a storage limit (it counts the
+            # pinned inputs of running batches) and creating a batch answer 503.
+            assert (await oa.files.retrieve(f.id)).bytes == 3
+            with pytest.raises(openai.InternalServerError) as upload:
+                await oa.files.create(file=("y.jsonl", b"{}\n"), purpose="batch")
+            assert upload.value.status_code == 503
+            assert upload.value.code == "temporal_unavailable"
             with pytest.raises(openai.InternalServerError) as create:
                 await oa.batches.create(
                     input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
