@@ -239,4 +239,4 @@ async def pinned(client: Client, settings: Settings, workspace: str) -> Pinned:
 _NO_ANSWER = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE)
 """An update nobody answered in time (no worker polls the task queue): Temporal itself may be up.
 UNAVAILABLE (Temporal cannot be reached at all) answers 503 `temporal_unavailable` instead, the
-code every other batch endpoint answers then, so an operator is sent to Temporal, not the workers."""
+code every other batch endpoint answers then: the operator is sent to Temporal, not the workers."""
