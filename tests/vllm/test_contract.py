@@ -120,11 +120,11 @@ async def _first_admitted(up: Upstream) -> str:
     async with httpx.AsyncClient(timeout=60) as probe:
         streams: list[Stream] = []
 
-        async def load(expected: tuple[int, int], what: str) -> None:
+        async def load(expected: tuple[int, int], what: str, timeout: float = 120) -> None:  # noqa: ASYNC109
             await poll_until(
                 lambda: up.load(probe),
                 lambda got: got == expected,
-                timeout=120,
+                timeout=timeout,
                 what=f"{what} (running, waiting) = {expected}",
                 interval=0.1,
             )
@@ -134,10 +134,11 @@ async def _first_admitted(up: Upstream) -> str:
                 filler = chat(LONG_PROMPT, **up.long_body())
                 streams += [Stream(up, filler) for _ in range(SEATS)]
                 await load((SEATS, 0), "every seat taken")
-                late = Stream(up, {**chat("late one", max_tokens=4), "priority": 10})
+                # Both long too: the first to start must keep its seat while the test looks.
+                late = Stream(up, {**filler, "priority": 10})
                 streams.append(late)
                 await load((SEATS, 1), "the first request queued")
-                urgent = Stream(up, {**chat("urgent one", max_tokens=4), "priority": -10})
+                urgent = Stream(up, {**filler, "priority": -10})
                 streams.append(urgent)
                 await load((SEATS, 2), "both requests queued")
                 assert not late.first.is_set() and not urgent.first.is_set()
@@ -149,6 +150,11 @@ async def _first_admitted(up: Upstream) -> str:
                 for w in pending:
                     w.cancel()
                 assert done, "neither queued request started after a seat freed"
+                # Exactly one seat freed: the other fillers still run, the other request waits.
+                # (Were the fillers done, both would have started: the test says so.)
+                await load(
+                    (SEATS, 1), "one seat freed and taken (else: the fillers ended early)", 10
+                )
                 assert late.first.is_set() != urgent.first.is_set(), "both started"
                 return "late" if late.first.is_set() else "urgent"
             finally:

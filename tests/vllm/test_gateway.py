@@ -141,7 +141,7 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
         }
         await put_settings(stack, http, settings)
         client = stack.client()
-        long_line = {"max_tokens": 900, "ignore_eos": True}
+        long_line = {"max_tokens": 2000, "ignore_eos": True}  # seconds each, even on an idle CPU
         lines = [
             {
                 "custom_id": f"long-{i}",
@@ -153,7 +153,7 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
                     **long_line,
                 },
             }
-            for i in range(6)
+            for i in range(20)  # more than run before the api reads its policy (every 5 s)
         ]
         f = await client.files.create(
             file=("in.jsonl", io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())),

@@ -32,7 +32,9 @@ from tests.e2e.stack import Stack
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 """The served model name, the same on both upstreams."""
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 4096
+"""Room for long answers: a filler of the priority tests must outlast the test's steps even on
+an idle machine (the tiny model makes a few hundred tokens a second per sequence)."""
 SEATS = 4
 """`--max-num-seqs` (vLLM) and `max_num_seqs` (simulator): few, so a test can fill them."""
 START_TIMEOUT_S = float(os.environ.get("BACKFILL_VLLM_START_TIMEOUT", "600"))
@@ -179,7 +181,7 @@ class Upstream:
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def long_body(self, tokens: int = 900) -> dict[str, Any]:
+    def long_body(self, tokens: int = MAX_MODEL_LEN - 200) -> dict[str, Any]:
         """Body fields that make an answer take long (held with `slow()`): many tokens, the
         end-of-sequence token ignored (vLLM's sampling parameter; the simulator ignores it)."""
         return {"max_tokens": tokens, "ignore_eos": True}
@@ -202,7 +204,10 @@ class Upstream:
 
     async def load(self, http: httpx.AsyncClient) -> tuple[float, float]:
         """(running, waiting) from its `/metrics`, as the gates read them."""
-        reading = parse_load((await http.get(f"{self.url}/metrics")).text, 0)
+        # A connection of its own each time: a kept-alive one may be closed by the server (idle
+        # 5 s, uvicorn's default) just as it is reused ("Server disconnected").
+        resp = await http.get(f"{self.url}/metrics", headers={"Connection": "close"})
+        reading = parse_load(resp.text, 0)
         assert reading.error is None, reading.error
         assert reading.running is not None and reading.waiting is not None
         return reading.running, reading.waiting
