@@ -303,11 +303,18 @@ class Stack:
 
     @contextlib.asynccontextmanager
     async def running(self, workers: int = 1) -> AsyncIterator[Stack]:
-        """Started for the body of the `with`, stopped after it (also on failure)."""
+        """Started for the body of the `with`, stopped after it (also on failure). When the body
+        failed, a failure to stop (Temporal stopped by the test, say) is added as a note to the
+        body's error instead of replacing it, so the report shows what went wrong first."""
         try:
             yield await self.start(workers)
-        finally:
-            await self.stop()
+        except BaseException as failed:
+            try:
+                await self.stop()
+            except Exception as stopping:  # noqa: BLE001 - reported with the body's error
+                failed.add_note(f"(and stopping the stack failed too: {stopping!r})")
+            raise
+        await self.stop()
 
     def start_worker(self, extra_env: dict[str, str] | None = None) -> Child:
         if self.lease_of is not None:
