@@ -67,6 +67,10 @@ class PreemptSender:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
+        self._posting: dict[str, asyncio.Task[None]] = {}
+        """Each worker's report being sent (one at a time per worker, so they arrive in order)."""
+        self._behind: dict[str, set[str]] = {}
+        """Routes to send a worker again once its current report ends."""
         self._unsubscribe = live.subscribe(self._changed)
         self.sent = 0
 
@@ -83,9 +87,10 @@ class PreemptSender:
 
     async def stop(self) -> None:
         self._unsubscribe()
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._posting.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._http is not None:
@@ -105,36 +110,48 @@ class PreemptSender:
             else:
                 due = self._dirty & set(on)
             self._dirty.clear()
-            await asyncio.gather(*(self._send(r) for r in due))
+            for route in sorted(due):
+                await self._send(route)
 
     async def _send(self, route: str) -> None:
-        assert self._http is not None
-        report = LiveCountReport(
-            route=route,
-            process=self.process,
-            live=self.live.count(route),
-            ttft_ms=self.live.recent_ttft_ms(route),
-        )
-        body = report.model_dump_json().encode()
-        headers = {**self._headers, "Content-Type": "application/json"}
-
-        async def one(worker: str) -> None:
-            assert self._http is not None
-            try:
-                resp = await self._http.post(worker + PATH, content=body, headers=headers)
-                if resp.status_code != 204:
-                    log.warning("worker %s refused a live count (%d)", worker, resp.status_code)
-                    self.reached.discard(worker)
-                else:
-                    self.reached.add(worker)
-            except httpx.HTTPError as err:
-                log.debug("live count not sent to %s: %s", worker, err)
-                self.reached.discard(worker)
-
-        await asyncio.gather(*(one(w) for w in self.workers))
+        """The route's count to every worker, without waiting for any: a worker still busy with
+        an earlier report (slow, or gone and timing out) gets the route's latest count when that
+        one ends, so one worker never holds the others' reports back."""
+        for worker in self.workers:
+            task = self._posting.get(worker)
+            if task is not None and not task.done():
+                self._behind.setdefault(worker, set()).add(route)
+            else:
+                self._posting[worker] = asyncio.create_task(self._post(worker, {route}))
         self.sent += 1
         PREEMPT_WORKERS.labels("found").set(len(self.workers))
         PREEMPT_WORKERS.labels("reached").set(len(self.reached & set(self.workers)))
+
+    async def _post(self, worker: str, routes: set[str]) -> None:
+        """Each route's count, as it is when sent, to one worker; then whatever came meanwhile."""
+        headers = {**self._headers, "Content-Type": "application/json"}
+        while routes:
+            for route in sorted(routes):
+                assert self._http is not None
+                report = LiveCountReport(
+                    route=route,
+                    process=self.process,
+                    live=self.live.count(route),
+                    ttft_ms=self.live.recent_ttft_ms(route),
+                )
+                try:
+                    resp = await self._http.post(
+                        worker + PATH, content=report.model_dump_json().encode(), headers=headers
+                    )
+                    if resp.status_code != 204:
+                        log.warning("worker %s refused a live count (%d)", worker, resp.status_code)
+                        self.reached.discard(worker)
+                    else:
+                        self.reached.add(worker)
+                except httpx.HTTPError as err:
+                    log.debug("live count not sent to %s: %s", worker, err)
+                    self.reached.discard(worker)
+            routes = self._behind.pop(worker, set())
 
     async def _refresh(self) -> None:
         """Read the routes' policies now and every `POLICY_TTL` seconds; a route that turns

@@ -5,6 +5,7 @@ does not answer (the read has a task of its own)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -81,3 +82,45 @@ async def test_a_live_arrival_is_sent_while_the_policy_read_hangs(monkeypatch: A
         await sender.stop()
     # Counts only: each worker reads the route's policy from the scheduler itself.
     assert reports[-1]["route"] == "r1" and "policy" not in reports[-1]
+
+
+async def test_a_worker_that_does_not_answer_holds_no_other_back(monkeypatch: Any) -> None:
+    """A found worker that is gone (its sends hang until they time out) must not delay the
+    live counts the other workers get: each change reaches the live one at once."""
+    got: list[int] = []
+    changed = asyncio.Event()
+
+    async def workers(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "gone":
+            await asyncio.Event().wait()  # never answers (the client's timeout ends it)
+        got.append(json.loads(request.content)["live"])
+        changed.set()
+        return httpx.Response(204)
+
+    live = LiveTraffic(["r1"])
+    link = SlowLink()
+    sender = PreemptSender(
+        live,
+        link,
+        ["r1"],
+        ["http://gone", "http://alive"],
+        "t",
+        "api-1",  # type: ignore[arg-type]
+        transport=httpx.MockTransport(workers),
+    )
+    sender.start()
+    try:
+        async with asyncio.timeout(5):
+            while not got:  # the policy read, then the first report
+                await changed.wait()
+                changed.clear()
+        with contextlib.ExitStack() as arrivals:
+            for n in (1, 2, 3):  # three live arrivals, all well inside the 1 s send timeout
+                arrivals.enter_context(live.in_flight("r1"))
+                async with asyncio.timeout(0.25):  # each reaches the live worker at once
+                    while n not in got:
+                        await changed.wait()
+                        changed.clear()
+    finally:
+        await sender.stop()
+    assert sender.reached == {"http://alive"}
