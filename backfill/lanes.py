@@ -192,7 +192,7 @@ def demand_to_report(lane: Lane, *, halt: bool) -> int | None:
 
 def pace_to_report(lane: Lane, *, halt: bool) -> int | None:
     """A demand worth reporting, beyond `demand_to_report`'s, for the scheduler to judge the
-    batch's deadline (deadline-aware shares, docs/decisions/0034): the lines not finished, once
+    batch's deadline (deadline-aware shares, docs/decisions/0033): the lines not finished, once
     the first line's time is known, when they fell by a quarter since the last report (even
     while the allotment is below them), or when the mean line time moved by a quarter. None:
     nothing worth saying (nor while `halt`: no line may start, whatever the deadline).

@@ -458,7 +458,7 @@ class Demand(BaseModel):
     """Share weight of the batch's workspace (from the config when the demand is sent)."""
     expires_at: float | None = None
     """When the batch expires (Unix seconds): with `line_seconds`, the scheduler can tell a
-    batch whose fair share would not finish in time (deadline-aware shares, decision 0034).
+    batch whose fair share would not finish in time (deadline-aware shares, decision 0033).
     None: not said (older batches)."""
     line_seconds: float | None = None
     """Mean seconds the batch's lines on this route have held a slot so far (None: no line has

@@ -13,7 +13,7 @@ lines running, then the one served least recently, then the smallest name.
 fair share cannot finish its lines before its ``expires_at`` (at the pace its lines have taken)
 is given, earliest deadline first, the slots it needs to finish in time out of what the other
 batches can spare; the rest of the workspace's share is split as before. Workspaces' shares are
-unchanged (docs/decisions/0034).
+unchanged (docs/decisions/0033).
 
 ``plan_step`` moves current allotments toward those targets without ever letting the slots held
 exceed the cap: shrinks keep their slots held until the batch acknowledges them, raises only use

@@ -84,7 +84,7 @@ DEADLINE_PACE_REPORTED = "deadline-pace-reported"
 and is also reported when the scheduler's view of them is out of date
 (`backfill.lanes.pace_to_report`: the first line's time known, the lines left fallen by a
 quarter, the mean line time moved by a quarter), so the route scheduler can heed the deadline
-(`deadline-aware-shares`, docs/decisions/0034). Asked where a demand is reported or would be
+(`deadline-aware-shares`, docs/decisions/0033). Asked where a demand is reported or would be
 only for this. Old branch: the demand said neither, and was reported only as
 `demand_to_report` says. History: `batch_pace_reported.v1`."""
 
@@ -113,7 +113,7 @@ DEADLINE_AWARE_SHARES = "deadline-aware-shares"
 """Within a workspace, a batch whose fair share cannot finish its lines before it expires (its
 demand says when it expires and how long its lines take) is given, earliest deadline first, the
 slots it needs; the rest of the workspace's share is split fairly (`fairness.deadline_shares`,
-docs/decisions/0034). Asked only when those targets differ from the fair ones, which needs a
+docs/decisions/0033). Asked only when those targets differ from the fair ones, which needs a
 demand carrying a deadline and a pace, which no batch sent before: every older history replays
 without it. Old branch (unreachable in recorded histories): fair shares whatever the deadlines.
 History: `route_scheduler_deadline.v1`."""
