@@ -57,10 +57,6 @@ def test_histories_exist() -> None:
         # the workers hold back left out of the allotment (patch seats-held-back)
         "batch_held_at_door.v1",
         "route_scheduler_held_back.v1",
-        # a batch's demand with its deadline and pace (patch deadline-pace-reported)
-        "batch_pace_reported.v1",
-        # a 24 h batch behind a 168 h one given the slots it needs (patch deadline-aware-shares)
-        "route_scheduler_deadline.v1",
     } <= names
 
 
