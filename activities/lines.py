@@ -384,6 +384,10 @@ def _answer(
         return _failed(custom_id, line_no, "invalid_response", msg + repr(snippet))
     fields = spec.usage if spec is not None else None
     usage = usage_of(parsed.get("usage"), fields) if isinstance(parsed, dict) else None
+    if usage is None and fields is not None and isinstance(parsed, dict):
+        # Counts in another endpoint's layout are still tokens spent, and are what a reader of
+        # the record finds (`records.outcome_from_record` reads whichever layout has them).
+        usage = usage_of(parsed.get("usage"))
     del parsed
     if is_json:  # valid UTF-8 JSON: its bytes are exactly the text's, spliced in as they came
         data = response_record_bytes(custom_id, status, request_id, body)

@@ -230,7 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         from backfill import doctor
 
-        return doctor.run(settings)
+        code = doctor.run(settings)
+        # Everything is printed: leave without finalizing the interpreter, whose shutdown can
+        # abort (SIGABRT, "PyGILState_Release") while the Temporal client's native threads still
+        # run, turning an all-green report into exit -6.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
     if args.command == "api":
         from backfill.config import UnsafeConfig, check_exposure
