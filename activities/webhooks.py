@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from backfill import refs
 from backfill import search_attributes as sa
-from backfill.config import Settings
+from backfill.config import Settings, configured_endpoints
 from backfill.load_reader import PinnedBackend, Resolver, resolve_host
 from backfill.webhooks import (
     AnnounceInput,
@@ -45,7 +45,6 @@ from backfill.webhooks import (
     WebhookEndpoint,
     WebhookTarget,
     check_url,
-    configured_endpoints,
     delivery_url,
     derive_secret,
     endpoints_workflow_id,

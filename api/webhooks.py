@@ -26,7 +26,7 @@ from api.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from api.schemas import COMMON_ERRORS, error_responses
 from backfill import refs
 from backfill import search_attributes as sa
-from backfill.config import Settings
+from backfill.config import Settings, configured_endpoints
 from backfill.webhooks import (
     DELIVERIES_MEMO,
     EVENT_TYPES,
@@ -36,7 +36,6 @@ from backfill.webhooks import (
     EventType,
     WebhookEndpoint,
     check_url,
-    configured_endpoints,
     derive_secret,
     endpoints_workflow_id,
     refusal,

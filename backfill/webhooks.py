@@ -25,14 +25,11 @@ import ipaddress
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 import idna
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-    from backfill.config import Settings
 
 EventType = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
@@ -403,20 +400,3 @@ def refusal(host: str, address: str, allowed: Destinations) -> str | None:
         else "non-public"
     )
     return f"{host} resolves to a {kind} address ({ip}), which is not on the allow-list"
-
-
-def configured_endpoints(settings: Settings, workspace: str) -> list[WebhookEndpoint]:
-    """The workspace's endpoints from the config file (`[[webhooks]]`), read-only through the
-    api; the delivery activity and the api both list them this way."""
-    return [
-        WebhookEndpoint(
-            id=w.id,
-            url=w.url,
-            event_types=w.event_types,
-            name=w.name,
-            secret_env=w.secret_env,
-            source="config",
-        )
-        for w in settings.webhooks
-        if w.workspace == workspace
-    ]

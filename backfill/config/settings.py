@@ -1,164 +1,33 @@
-"""Typed configuration: process settings from the environment plus the TOML file.
-
-The TOML file (``backfill.toml`` unless ``BACKFILL_CONFIG`` names another) declares models and
-their routes, limits, the data directory and API keys (as SHA-256 hashes). Environment variables
-win over the file for the process settings (Temporal address, namespace, TLS, API key, ports), so
-one file can serve a laptop and a cluster. Unknown or invalid fields fail at start with a message
-naming the field.
-"""
+"""`Settings`: everything a process needs, from the environment (the process settings, which win)
+and the TOML file (the sections)."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import logging
-import os
-import tomllib
-from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
 )
 
-from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
-from backfill.webhooks import EVENT_TYPES as WEBHOOK_EVENTS
-from backfill.webhooks import Destinations
-from backfill.webhooks import EventType as WebhookEventType
-
-Role = Literal["member", "platform_admin", "auditor"]
-Provider = Literal["vllm", "openai"]
-BodyField = Literal["background", "store", "previous_response_id", "conversation", "service_tier"]
-"""Body fields held back unless a route allows them (`backfill.body_policy`)."""
-WorkerRole = Literal["all", "workflows", "activities"]
-
-
-class ConfigError(Exception):
-    """The configuration is unknown or invalid; the message names the field."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-MIN_WEBHOOK_KEY_LENGTH = 32
-"""Shortest `BACKFILL_WEBHOOK_KEY` accepted at start (`openssl rand -hex 32` makes 64)."""
-
-
-class RouteConfig(_Strict):
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    """Route id: also the scheduler's identity and the management API's deployment id."""
-    provider: Provider = "vllm"
-    """`vllm` (or any OpenAI-compatible self-hosted server) or `openai` (a cloud route)."""
-    base_url: str = Field(pattern=r"^https?://")
-    """Upstream base URL including `/v1`, e.g. `http://127.0.0.1:8100/v1`."""
-    api_key_env: str | None = None
-    """Name of the environment variable that holds the upstream API key (the key never lives in
-    the file, in workflow histories or in logs)."""
-    weight: int = Field(default=1, ge=1, le=1000)
-    """Share of the model's lines routed here (weighted, deterministic per line)."""
-    max_concurrent_lines: LinesAtOnce = DEFAULT_LINES_AT_ONCE
-    """Initial "Batch lines at once" for the route's scheduler; after first start the durable
-    value lives in the scheduler workflow and is changed through its update."""
-    allow_body_fields: list[BodyField] = Field(default_factory=list)
-    """Body fields otherwise refused or held back on this route (`backfill.body_policy`,
-    decision 0028): the Responses API's `background`, `store`, `previous_response_id` and
-    `conversation`, and `service_tier` on `openai` routes. For a single-tenant route only."""
-
-
-class ModelConfig(_Strict):
-    id: str = Field(min_length=1, max_length=256)
-    """The model name clients put in `body.model`."""
-    routes: list[RouteConfig] = Field(min_length=1)
-
-
-class Limits(_Strict):
-    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
-    """Largest accepted upload (enforced while streaming)."""
-    max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
-    """Largest body of any other request to the api (creating a batch, route settings),
-    refused with 413 before it is parsed or the key is checked. Live requests may be as large
-    as a batch line (`max_line_bytes`) when that is larger."""
-    input_file_expiry_seconds: int = Field(default=30 * 86400, ge=3600)
-    """How long an uploaded batch input is kept when the upload names no `expires_after`
-    (OpenAI's default: 30 days). Batch outputs are kept until deleted unless the batch was
-    created with `output_expires_after`."""
-    max_lines_per_batch: int = Field(default=50_000, ge=1)
-    max_line_bytes: int = Field(default=1024 * 1024, ge=16)
-    """Largest accepted input line, in bytes, without its newline."""
-    max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    """Largest upstream response body kept; bigger ones fail the line with `response_too_large`."""
-    line_timeout_seconds: float = Field(default=600.0, gt=0)
-    """How long one upstream request may take."""
-    max_line_retries: int = Field(default=5, ge=0)
-    """How many times a line that met 429/503/connection refused goes back to the queue."""
-    line_heartbeat_timeout_seconds: float = Field(default=7.0, ge=4.0, le=600.0)
-    """A line whose worker sent no heartbeat this long is lost and runs again on another
-    worker: about the longest a SIGKILLed worker's lines wait (docs/performance.md, crash
-    detection). A running line heartbeats every half of it (none if answered sooner), so
-    lower means faster recovery for more heartbeat calls on Temporal, and less room for a
-    worker's stalled event loop before its lines are wrongly declared lost. At least 4 s: a
-    worker sends heartbeats at most every 2 s (`MAX_HEARTBEAT_THROTTLE_SECONDS`)."""
-
-
-class ApiKeyConfig(_Strict):
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    """Hex SHA-256 of the key; the key itself is never stored."""
-    workspace: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    role: Role = "member"
-    name: str = ""
-    """Human label (shown as `paused_by`, in logs); never the key."""
-    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    """Key id (`backfill keys create` makes one): recorded in each batch's identity snapshot
-    and in audit events. Without one, `key_` and the hash's first 12 hex digits stand in."""
-    models: list[str] | None = None
-    """The models this key may use, in batches and live requests (absent: every model)."""
-
-    @property
-    def key_id(self) -> str:
-        return self.id or f"key_{self.sha256[:12]}"
-
-
-class WorkspaceLimits(_Strict):
-    """Limits of one workspace (`[workspaces.<name>]`; `[workspaces.default]` applies to every
-    workspace without its own table). Exceeding one answers 429; nothing accepted changes."""
-
-    max_active_batches: int | None = Field(default=100, ge=1)
-    """Batches queued or running at once, counted exactly (one admission workflow per
-    workspace; None: no limit)."""
-    max_queued_lines: int | None = Field(default=1_000_000, ge=1)
-    """Input lines of the workspace's batches queued or running, together (None: no limit)."""
-    max_stored_bytes: int | None = Field(default=50 * 1024**3, ge=1)
-    """Bytes of files the workspace may keep stored: uploads, batch outputs, and the pinned
-    inputs of its running batches whose upload was deleted (None: no limit). Only uploads are
-    refused; a batch's output is always written."""
-    max_live_in_flight: int | None = Field(default=256, ge=1)
-    """Live requests (the proxy's chat, completions, embeddings...) in flight at once, per api
-    process; one more answers 429 at once (None: no limit)."""
-    share_weight: int = Field(default=1, ge=1, le=1000)
-    """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
-
-
-class WebhookConfig(_Strict):
-    """An endpoint in the file (`[[webhooks]]`), besides those made through the api. Its
-    secret is in the environment variable `secret_env` (a `whsec_` value), never in the file."""
-
-    workspace: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    url: str = Field(pattern=r"^https?://")
-    secret_env: str = Field(min_length=1)
-    event_types: list[WebhookEventType] = Field(default_factory=lambda: list(WEBHOOK_EVENTS))
-    """Which of `batch.completed`, `batch.failed`, `batch.expired`, `batch.cancelled` it gets
-    (absent: all four)."""
-    name: str = ""
+from backfill.config.dev import DEV_KEYS, LOOPBACK_HOST_HEADERS, LOOPBACK_HOSTS, hash_key
+from backfill.config.sections import (
+    MIN_WEBHOOK_KEY_LENGTH,
+    ApiKeyConfig,
+    Limits,
+    ModelConfig,
+    RouteConfig,
+    WebhookConfig,
+    WorkerRole,
+    WorkspaceLimits,
+)
+from backfill.webhooks import Destinations, WebhookEndpoint
 
 
 class Settings(BaseSettings):
@@ -499,99 +368,18 @@ class _ScalarEnv(EnvSettingsSource):
         return super().get_field_value(field, field_name)
 
 
-def missing_upstream_keys(settings: Settings, environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(route id, variable name) of every route whose `api_key_env` names a variable that is
-    unset or empty in `environ`: its lines would go out without a key (and likely get 401)."""
+def configured_endpoints(settings: Settings, workspace: str) -> list[WebhookEndpoint]:
+    """The workspace's endpoints from the config file (`[[webhooks]]`), read-only through the
+    api; the delivery activity and the api both list them this way."""
     return [
-        (route.id, route.api_key_env)
-        for model in settings.models
-        for route in model.routes
-        if route.api_key_env and not environ.get(route.api_key_env)
+        WebhookEndpoint(
+            id=w.id,
+            url=w.url,
+            event_types=w.event_types,
+            name=w.name,
+            secret_env=w.secret_env,
+            source="config",
+        )
+        for w in settings.webhooks
+        if w.workspace == workspace
     ]
-
-
-def warn_missing_upstream_keys(settings: Settings) -> None:
-    """Log a warning per route whose upstream key variable is unset (at api and worker start).
-    Only the variable's name is logged, never a value."""
-    for route_id, name in missing_upstream_keys(settings, os.environ):
-        logging.getLogger(__name__).warning(
-            "route %r: api_key_env names %s, which is not set: its requests go out without "
-            "an Authorization header",
-            route_id,
-            name,
-        )
-
-
-DEV_KEY = "sk-backfill-dev"
-"""The key in the repository's backfill.toml, printed by `make run`."""
-DEV_KEYS = (DEV_KEY, "sk-backfill-alice", "sk-backfill-bob", "sk-backfill-auditor")
-"""Every key of the repository's backfill.toml (all public)."""
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-LOOPBACK_HOST_HEADERS = ("127.0.0.1", "localhost", "[::1]")
-"""The loopback names as a `Host` header carries them (an IPv6 literal in brackets)."""
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def config_path() -> Path:
-    return Path(os.environ.get("BACKFILL_CONFIG", "backfill.toml"))
-
-
-def load_settings(path: Path | None = None) -> Settings:
-    """Read the TOML file (if it exists) and the environment; raise ConfigError naming the field."""
-    path = path or config_path()
-    data: dict[str, object] = {}
-    if path.exists():
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    elif "BACKFILL_CONFIG" in os.environ:
-        raise ConfigError(f"BACKFILL_CONFIG names {path}, which does not exist")
-    try:
-        return Settings(**data)  # type: ignore[arg-type]
-    except SettingsError as e:
-        raise ConfigError(f"invalid environment variable: {e}") from None
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(f"{path}: invalid configuration: {problems}") from None
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process's settings, loaded once. Tests pass their own Settings instead."""
-    return load_settings()
-
-
-class UnsafeConfig(Exception):
-    """The settings are not safe for where the api would listen."""
-
-
-def check_exposure(settings: Settings) -> None:
-    """Refuse the shipped dev keys unless the stack says it is a development stack
-    (`BACKFILL_DEV_STACK`, set by `backfill dev`) and listens on loopback: they are in a
-    public repository. The host alone is not enough: an api on loopback behind a proxy on the
-    same host serves whoever reaches the proxy."""
-    dev = settings.shipped_dev_keys()
-    if not dev:
-        return
-    keys = (
-        f"the shipped dev key (sk-backfill-dev or another key of the repository's "
-        f"backfill.toml: {', '.join(dev)}) is configured"
-    )
-    if not settings.dev_stack:
-        raise UnsafeConfig(
-            f"{keys} and this is not a development stack; remove it from the config file "
-            "(BACKFILL_CONFIG), or run `backfill dev` (BACKFILL_DEV_STACK=1) for development"
-        )
-    if settings.api_host not in LOOPBACK_HOSTS:
-        raise UnsafeConfig(
-            f"{keys} and the api would listen on {settings.api_host}; a development stack "
-            "listens on 127.0.0.1"
-        )

@@ -1,0 +1,51 @@
+"""Loading the settings: the TOML file named by `BACKFILL_CONFIG` (or `backfill.toml`) and the
+environment, with a `ConfigError` naming the field when either is wrong."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from backfill.config.settings import Settings
+
+
+class ConfigError(Exception):
+    """The configuration is unknown or invalid; the message names the field."""
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("BACKFILL_CONFIG", "backfill.toml"))
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read the TOML file (if it exists) and the environment; raise ConfigError naming the field."""
+    path = path or config_path()
+    data: dict[str, object] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    elif "BACKFILL_CONFIG" in os.environ:
+        raise ConfigError(f"BACKFILL_CONFIG names {path}, which does not exist")
+    try:
+        return Settings(**data)  # type: ignore[arg-type]
+    except SettingsError as e:
+        raise ConfigError(f"invalid environment variable: {e}") from None
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise ConfigError(f"{path}: invalid configuration: {problems}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, loaded once. Tests pass their own Settings instead."""
+    return load_settings()
