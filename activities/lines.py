@@ -37,6 +37,7 @@ from backfill.records import (
     usage_of,
 )
 from backfill.store import Store
+from backfill.streamed_answer import Reassembled, StreamError, streamable, streamed_body
 from backfill.upstream_request import build_upstream_request, upstream_body
 from backfill.usage import UsageEntry, UsageJournal, new_request_id
 
@@ -116,12 +117,13 @@ class LineActivities:
                 input.batch_id, _failed(custom_id, line_no, "route_removed", msg)
             )
         rid = new_request_id()
+        stream = self._stream(route, input, request)
         try:
             async with heartbeating():
                 if self.preempt is None:
                     answer = await self._send(route, input, request, custom_id, line_no, rid)
                 else:
-                    send = self._send(route, input, request, custom_id, line_no, rid)
+                    send = self._send(route, input, request, custom_id, line_no, rid, stream)
                     answer = await self._send_preemptible(self.preempt, input, line_no, send)
                 if not answer.outcome.held:  # a line held at the door sent nothing
                     self._journal(input, request, rid, answer)  # now: a cancel may end the `with`
@@ -177,6 +179,24 @@ class LineActivities:
         finally:
             board.leave(ticket)
 
+    def _stream(
+        self, route: RouteConfig, input: LineInput, request: dict[str, Any]
+    ) -> Reassembled | None:
+        """Where a line that goes upstream streamed is put back together (None: it goes as it
+        came). Streamed: a line that may be preempted (its route's preemption is on, on this
+        worker's board), on a self-hosted route, whose answer a stream rebuilds exactly
+        (`backfill.streamed_answer`, decision 0036)."""
+        body = request.get("body")
+        if (
+            self.preempt is None
+            or route.provider != "vllm"
+            or not self.preempt.preempts(input.route_id)
+            or not isinstance(body, dict)
+            or not streamable(input.endpoint, body)
+        ):
+            return None
+        return Reassembled(chat=input.endpoint == "/v1/chat/completions")
+
     def _read(self, input: LineInput) -> tuple[int, bytes | None, bytes]:
         """(line number, its committed record if any, the input line) in one trip to the disk."""
         line_no = self.store.line_number(input.batch_id, input.route_index, input.position)
@@ -222,13 +242,14 @@ class LineActivities:
         custom_id: str,
         line_no: int,
         rid: str,
+        stream: Reassembled | None = None,
     ) -> Answer:
         """`_exchange`, in a trace's upstream span (identifiers only, never the body)."""
         path = httpx.URL(route.base_url.rstrip("/") + REGISTRY[input.endpoint].upstream_path).path
         with tracing.upstream_span(
             path, route.id, rid, batch_id=input.batch_id, line=line_no, workspace=input.workspace
         ) as span:
-            answer = await self._exchange(route, input, request, custom_id, line_no, rid)
+            answer = await self._exchange(route, input, request, custom_id, line_no, rid, stream)
             tracing.answered(span, answer.outcome.status_code, answer.outcome.error_code)
             return answer
 
@@ -240,11 +261,15 @@ class LineActivities:
         custom_id: str,
         line_no: int,
         rid: str,
+        stream: Reassembled | None = None,
     ) -> Answer:
         """Send one request (`X-Request-ID: rid`) and turn whatever comes back into the line's
-        record. The client's own `priority` is dropped; the route's hint added (vllm only)."""
+        record. The client's own `priority` is dropped; the route's hint added (vllm only).
+        With `stream`, the request asks for a stream, and `stream` puts its events back together
+        as they come (so what was generated is known if the line is preempted)."""
         spec = REGISTRY[input.endpoint]
-        body = upstream_body(request["body"], route, input.priority, endpoint=input.endpoint)
+        sent = request["body"] if stream is None else streamed_body(request["body"])
+        body = upstream_body(sent, route, input.priority, endpoint=input.endpoint)
         limit = self.settings.limits.max_response_bytes
         timeout = self._timeout(input)
         try:
@@ -261,17 +286,29 @@ class LineActivities:
                         headers={"X-Backfill-Batch": input.batch_id},
                     )
                 )
+                status = resp.status_code
+                content_type = resp.headers.get("content-type", "no content type")
+                streamed = stream is not None and status == 200
+                streamed = streamed and content_type.startswith("text/event-stream")
                 try:
                     answered = bytearray()
                     async for chunk in resp.aiter_bytes():
-                        answered += chunk
-                        if len(answered) > limit:
+                        if streamed:
+                            assert stream is not None
+                            stream.feed(chunk)
+                            size = stream.chars
+                        else:
+                            answered += chunk
+                            size = len(answered)
+                        if size > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
                             return _failed(custom_id, line_no, "response_too_large", msg)
                 finally:
                     await resp.aclose()
-                status = resp.status_code
-                content_type = resp.headers.get("content-type", "no content type")
+                if streamed:
+                    assert stream is not None
+                    answered = bytearray(_reassembled(stream))
+                    content_type = "application/json"
                 retry_after = parse_retry_after(resp.headers.get("retry-after"))
         except httpx.ConnectTimeout:
             msg = f"Could not connect to the upstream within {CONNECT_TIMEOUT:g} s."
@@ -284,6 +321,9 @@ class LineActivities:
             return _failed(custom_id, line_no, "request_timeout", msg)
         except httpx.TransportError as err:  # reset, closed mid-answer: transient
             return _failed(custom_id, line_no, "upstream_error", describe_error(err), retry=True)
+        except StreamError as err:  # an error event, a stream cut short: transient
+            msg = f"The streamed answer could not be read: {err}."
+            return _failed(custom_id, line_no, "upstream_error", msg, retry=True)
         except httpx.HTTPError as err:
             return _failed(custom_id, line_no, "upstream_error", describe_error(err))
         # The bytearray itself, not a copy: with 256 lines of 8 MB in flight, copies add up.
@@ -346,6 +386,14 @@ def _preempted(board: PreemptBoard, input: LineInput, line_no: int, ticket: Tick
         line=line_no, error_code="preempted", preempted=True, wasted_tokens=wasted
     )
     return Answer(b"", outcome)
+
+
+def _reassembled(stream: Reassembled) -> bytes:
+    """The non-streamed answer a complete stream makes, as compact UTF-8 JSON."""
+    stream.end()
+    if not stream.done:
+        raise StreamError("the stream ended before its last event ([DONE])")
+    return json.dumps(stream.answer(), separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _unexpected(custom_id: str, line_no: int, err: Exception) -> Answer:
