@@ -5,7 +5,7 @@ Each `EndpointSpec` says which body field names the model, which field is the re
 in an answer, and what the simulator answers. From it come the batch endpoint list
 (`Endpoint`, `ENDPOINTS`), validation's input-field rule (`backfill.input_rules`), the usage
 reader (`backfill.records.usage_of`, `api.live_usage`), the live proxy's routes (`api.proxy`,
-`api.app.LIVE_PATHS`) and the simulator's routing (`backfill.sim.server`).
+`api.app.LIVE_PATHS`) and the simulator's routing (`tools.sim.server`).
 
 Adding an endpoint: one entry in `REGISTRY`, its path in `Endpoint` (the Literal keeps the
 OpenAPI document typed; the module refuses to import if the two disagree), its tests, and the

@@ -22,8 +22,8 @@ from typing import get_args
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backfill.config import Settings, WorkerRole  # noqa: E402
-from backfill.dev.devserver import connect_client  # noqa: E402
 from bench.ablate import ablated  # noqa: E402
+from tools.dev.devserver import connect_client  # noqa: E402
 from worker.lag import measuring  # noqa: E402
 from worker.main import running_worker  # noqa: E402
 

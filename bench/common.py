@@ -20,7 +20,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from backfill.dev.devserver import DevServer, free_port
+from tools.dev.devserver import DevServer, free_port
 
 MAX_RUNS_FOLLOWED = 1_000
 """Bound on the continue-as-new chain walked when reading a workflow's histories."""

@@ -34,11 +34,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` from a plain run
 
-from backfill.dev.devserver import connect_client  # noqa: E402
-from backfill.sim import SimConfig  # noqa: E402
 from bench.common import clear_settings_env, dev_server, log  # noqa: E402
 from tests.e2e.crash import Victim, kill_and_time_recovery  # noqa: E402
 from tests.e2e.stack import Stack, submit, wait_in_flight  # noqa: E402
+from tools.dev.devserver import connect_client  # noqa: E402
+from tools.sim import SimConfig  # noqa: E402
 
 
 async def one_run(

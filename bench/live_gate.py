@@ -31,11 +31,11 @@ from typing import Any
 
 import httpx
 
-from backfill.dev.devserver import DevServer, connect_client
-from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.ids import scheduler_workflow_id
-from backfill.sim import SimConfig, SimFault
 from tests.e2e.stack import Stack, auth, submit
+from tools.dev.devserver import DevServer, connect_client
+from tools.dev.procs import Child, backfill_argv, free_port
+from tools.sim import SimConfig, SimFault
 
 ADMIN = "sk-test-admin"
 DEBUG = bool(os.environ.get("BENCH_DEBUG"))

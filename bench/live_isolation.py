@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 
-from backfill.dev.procs import Child, backfill_argv, free_port
-from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, auth
+from tools.dev.procs import Child, backfill_argv, free_port
+from tools.sim import SimConfig
 
 REFUSED_BACKOFF = 5.0
 """Seconds a flood stream refused with 429 waits before it tries again (a client that honours

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.scale --lines 1000,50000,200000 --cap 64 --out /tmp/scale.json
 
 For each size, on its own private dev server (SQLite file): the real api and worker as their own
-processes (`python -m backfill api|worker`, started by tests/e2e/stack.py's `Stack`), the
+processes (`python -m tools api|worker`, started by tests/e2e/stack.py's `Stack`), the
 simulator in this process answering at once (`--latency-ms` 0), one route whose
 `max_concurrent_lines` is `--cap`, `[limits] max_lines_per_batch` raised to the size. A JSONL file
 of `--lines` chat lines, each padded to `--line-bytes` bytes (1,000: 200,000 lines are a 200 MB
@@ -34,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` fro
 
 import httpx  # noqa: E402
 
-from backfill.dev.devserver import connect_client  # noqa: E402
-from backfill.sim import SimConfig  # noqa: E402
 from bench.common import (  # noqa: E402
     analyze_chain,
     clear_settings_env,
@@ -46,6 +44,8 @@ from bench.common import (  # noqa: E402
 )
 from bench.worker_rss import status_kb  # noqa: E402
 from tests.e2e.stack import API_KEY, Stack  # noqa: E402
+from tools.dev.devserver import connect_client  # noqa: E402
+from tools.sim import SimConfig  # noqa: E402
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 MB = 1024 * 1024

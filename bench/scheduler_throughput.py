@@ -44,11 +44,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker  # noqa: E402
 
 from backfill import search_attributes as sa  # noqa: E402
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
-from backfill.dev.devserver import connect_client  # noqa: E402
-from backfill.dev.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
-from backfill.dev.runner import EMBEDDED_DYNAMIC_CONFIG  # noqa: E402
 from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
-from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
 from bench.ablate import ABLATIONS, ablated  # noqa: E402
 from bench.bare_workflow import BareInput, BareWorkflow, noop, wait_like_upstream  # noqa: E402
@@ -63,6 +59,10 @@ from bench.common import (  # noqa: E402
     log,
 )
 from bench.line_work import LineWork  # noqa: E402
+from tools.dev.devserver import connect_client  # noqa: E402
+from tools.dev.procs import Child, backfill_argv, free_port, wait_for_port  # noqa: E402
+from tools.dev.runner import EMBEDDED_DYNAMIC_CONFIG  # noqa: E402
+from tools.sim import SimConfig, SimServer  # noqa: E402
 from worker.lag import measuring  # noqa: E402
 from worker.main import ACTIVITY_POLLERS, eager_options, running_worker  # noqa: E402
 from worker.upstream import upstream_client  # noqa: E402
@@ -900,7 +900,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY=JSON",
         help="passed to the dev server as --dynamic-config-value (repeatable), after make run's "
-        "own (backfill.dev.runner.EMBEDDED_DYNAMIC_CONFIG)",
+        "own (tools.dev.runner.EMBEDDED_DYNAMIC_CONFIG)",
     )
     p.add_argument(
         "--server-defaults",

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from backfill.dev.procs import backfill_argv, free_port
-from backfill.sim import GpuConfig, SimConfig, SimServer
-from backfill.sim.gpu import percentile
 from bench.common import dev_server, log
+from tools.dev.procs import backfill_argv, free_port
+from tools.sim import GpuConfig, SimConfig, SimServer
+from tools.sim.gpu import percentile
 
 SEATS, KEEP_FREE = 8, 2
 SETTINGS = {

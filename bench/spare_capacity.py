@@ -4,7 +4,7 @@ costs live traffic. Issues 9 and 26.
     .venv/bin/python -m bench.spare_capacity --trace bursty --reps 3 \\
         --modes live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt
 
-The upstream is the simulator in GPU mode (`backfill.sim.gpu`, continuous batching, priority
+The upstream is the simulator in GPU mode (`tools.sim.gpu`, continuous batching, priority
 scheduling policy). One open-loop live workload (`bench.spare_workload`: `--trace` bursty, steady
 or step, `--duration` seconds), seeded, is replayed identically in every mode of a repetition;
 each of the `--reps` repetitions has its own seed. Each mode adds a different batch load next to
@@ -67,8 +67,6 @@ from typing import Any, Literal
 
 import httpx
 
-from backfill.sim import SimServer
-from backfill.sim.gpu import GpuEngine, LatencyRecord, percentile
 from bench.common import clear_settings_env, log
 from bench.spare_loads import (
     CHAT,
@@ -80,6 +78,8 @@ from bench.spare_loads import (
     NoBatch,
 )
 from bench.spare_workload import TRACES, Arrival, Workload, chat_body
+from tools.sim import SimServer
+from tools.sim.gpu import GpuEngine, LatencyRecord, percentile
 
 __all__ = ["Mode", "ModeResult", "ModeSummary", "Workload", "main", "summarize"]
 
@@ -481,9 +481,9 @@ async def environment(
         async with SimServer(workload.sim_config()) as sim:
             yield Bench(workload, sim)
         return
-    from backfill.dev.procs import backfill_argv, free_port
     from bench.common import dev_server
     from tests.e2e.stack import Stack
+    from tools.dev.procs import backfill_argv, free_port
 
     keep = os.environ.get("BENCH_KEEP_DIR")  # keep the stack's logs for a post-mortem
     with (

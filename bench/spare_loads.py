@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import httpx
 
 from api.preempt_push import POLICY_TTL
-from backfill.sim import BATCH_HEADER, SimServer
 from bench.spare_workload import Workload, chat_body
+from tools.sim import BATCH_HEADER, SimServer
 
 CHAT = "/v1/chat/completions"
 IDEAL_REACT_S = 0.005

@@ -21,8 +21,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from backfill.sim import GpuConfig, SimConfig
-from backfill.sim.gpu import GpuEngine
+from tools.sim import GpuConfig, SimConfig
+from tools.sim.gpu import GpuEngine
 
 Trace = Literal["bursty", "steady", "step", "comfortable"]
 TRACES: tuple[str, ...] = get_args(Trace)

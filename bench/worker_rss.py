@@ -35,12 +35,12 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa
 
 from backfill import search_attributes as sa  # noqa: E402
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
-from backfill.dev.devserver import connect_client  # noqa: E402
-from backfill.dev.procs import Child  # noqa: E402
 from backfill.ids import new_batch_id  # noqa: E402
-from backfill.sim import SimConfig, SimServer  # noqa: E402
 from backfill.store import FileStore  # noqa: E402
 from bench.common import await_result, clear_settings_env, dev_server, log  # noqa: E402
+from tools.dev.devserver import connect_client  # noqa: E402
+from tools.dev.procs import Child  # noqa: E402
+from tools.sim import SimConfig, SimServer  # noqa: E402
 from workflows.batch import BatchInput, BatchWorkflow  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "activity_worker.py"

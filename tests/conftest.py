@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 
-from backfill.dev.devserver import DevServer, connect_client, free_port
+from tools.dev.devserver import DevServer, connect_client, free_port
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from backfill.dev.procs import Child, free_port, wait_for_port
+from tools.dev.procs import Child, free_port, wait_for_port
 
 BUCKET = "backfill-test"
 REGION = "us-east-1"

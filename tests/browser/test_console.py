@@ -20,10 +20,10 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, expect
 
-from backfill.sim import SimConfig
 from tests.browser.conftest import shot_path, sign_in
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 MEMBER, OTHER_MEMBER, ADMIN, AUDITOR = (
     "sk-test-alpha",

@@ -21,12 +21,12 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, expect
 
 from backfill.config import hash_key
-from backfill.sim import SimConfig
 from tests.browser.conftest import shot_path, sign_in
 from tests.browser.test_console import NO_SIDEWAYS_SCROLL
 from tests.e2e.stack import Stack, auth
 from tests.e2e.test_jobs import set_window
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 MEMBER, OTHER_MEMBER, ADMIN, AUDITOR = (
     "sk-test-alpha",

@@ -12,8 +12,6 @@ from typing import Any
 
 import openai
 
-from backfill.dev.devserver import DevServer, free_port
-from backfill.sim import SimConfig
 from tests.e2e.stack import (
     TERMINAL,
     Stack,
@@ -23,6 +21,8 @@ from tests.e2e.stack import (
     wait_terminal,
 )
 from tests.polling import poll_until
+from tools.dev.devserver import DevServer, free_port
+from tools.sim import SimConfig
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Literal
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client
 
-from backfill.dev.procs import Child
 from tests.polling import poll_until
+from tools.dev.procs import Child
 
 Victim = Literal["sticky", "other", "busiest"]
 LINE_ACTIVITY = "run_line"

@@ -1,5 +1,5 @@
 """The real stack for e2e tests: the session's dev server, the simulator, and the worker and api
-as separate processes (`python -m backfill worker|api`), each test with its own task queue,
+as separate processes (`python -m tools worker|api`), each test with its own task queue,
 routes, data directory, ports and workspaces.
 
 Stacks share one dev server and namespace, so everything that lives there is the stack's own:
@@ -48,19 +48,19 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.config import hash_key
-from backfill.dev.devserver import connect_client
-from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.refs import RouteSchedulerWorkflow
 from backfill.search_attributes import WORKSPACE
-from backfill.sim import SimConfig, SimServer
-from backfill.sim.faults import FaultInjector
-from backfill.sim.server import SimStats
 from backfill.store import FileStore, Store
 from backfill.store.s3 import S3Store
 from tests.polling import PollTimeout, poll_until
 from tests.s3server import BUCKET, CREDENTIALS, REGION, MotoProcess
 from tests.s3server import client as s3_client
+from tools.dev.devserver import connect_client
+from tools.dev.procs import Child, backfill_argv, free_port
+from tools.sim import SimConfig, SimServer
+from tools.sim.faults import FaultInjector
+from tools.sim.server import SimStats
 from workflows.batch import BatchWorkflow
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ import openai.types.chat
 import pytest_asyncio
 
 from backfill.config import hash_key
-from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, assert_error, auth, submit
 from tests.e2e.test_jobs import set_window
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 ALPHA, BETA, ADMIN, AUDITOR = "sk-test-alpha", "sk-test-beta", "sk-test-admin", "sk-test-auditor"
 JOBS, ADMIN_JOBS = "/gateway/v1/batches", "/gateway/ui-api/batches"

@@ -1,4 +1,4 @@
-"""The client CLI (`backfill batch`, backfill/client) driven as a user drives it: a subprocess on
+"""The client CLI (`backfill batch`, tools/client) driven as a user drives it: a subprocess on
 a pseudo-terminal (the live progress bar) and one without a terminal (plain lines), against the
 real stack. Also retry of failed lines, and partial results fetched while a batch runs."""
 
@@ -25,11 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backfill.sim import SimConfig
-from backfill.sim.faults import SimFault
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, auth, input_ids, jsonl
 from tests.polling import poll_until
+from tools.sim import SimConfig
+from tools.sim.faults import SimFault
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
@@ -47,7 +47,7 @@ class Cli:
             "TERM": "xterm-256color",
         }
         env.pop("COLUMNS", None)
-        argv = [sys.executable, "-m", "backfill", "batch", *args]
+        argv = [sys.executable, "-m", "tools", "batch", *args]
         self.output = bytearray()
         self.lock = threading.Lock()
         if tty:

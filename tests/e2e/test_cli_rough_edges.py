@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backfill.sim import SimConfig
-from backfill.sim.faults import SimFault
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import auth, input_ids, jsonl
 from tests.e2e.test_cli import Cli, cli
 from tests.polling import poll_until
+from tools.sim import SimConfig
+from tools.sim.faults import SimFault
 
 
 async def run_cli(stack: object, *args: str, cwd: Path, tty: bool) -> tuple[int, str]:

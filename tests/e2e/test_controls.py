@@ -12,8 +12,6 @@ from typing import Any
 import httpx
 import pytest_asyncio
 
-from backfill.dev.devserver import temporal_cli_path
-from backfill.sim import SimConfig
 from tests.e2e.stack import (
     Stack,
     assert_input_order,
@@ -23,6 +21,8 @@ from tests.e2e.stack import (
     wait_terminal,
 )
 from tests.polling import poll_until
+from tools.dev.devserver import temporal_cli_path
+from tools.sim import SimConfig
 
 AUTH = {"Authorization": "Bearer sk-test-alpha"}
 LATENCY_MS = 150

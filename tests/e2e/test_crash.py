@@ -4,11 +4,11 @@ again on the other worker within the heartbeat timeout and the sticky-queue wait
 from __future__ import annotations
 
 from backfill.config import Limits, Settings
-from backfill.dev.devserver import connect_client
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.crash import kill_and_time_recovery
 from tests.e2e.stack import input_ids, output_ids, submit, wait_in_flight, wait_terminal
+from tools.dev.devserver import connect_client
+from tools.sim import SimConfig
 
 SLACK_SECONDS = 6.0
 """Beyond the heartbeat timeout and the sticky-queue wait: the server's timer, the workflow task

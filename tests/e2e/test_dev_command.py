@@ -12,9 +12,9 @@ import httpx
 import openai
 
 from backfill.config import DEV_KEY, hash_key
-from backfill.dev.procs import Child, backfill_argv, free_port, pid_alive, port_in_use
 from tests.e2e.stack import jsonl, wait_terminal
 from tests.polling import poll_until
+from tools.dev.procs import Child, backfill_argv, free_port, pid_alive, port_in_use
 
 KEY = DEV_KEY
 """The repository's public dev key: served only because `backfill dev` declares a development

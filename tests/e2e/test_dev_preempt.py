@@ -14,9 +14,9 @@ import httpx
 import openai
 
 from backfill.config import DEV_KEY, hash_key
-from backfill.dev.procs import Child, backfill_argv, free_port
 from tests.e2e.stack import jsonl
 from tests.polling import poll_until
+from tools.dev.procs import Child, backfill_argv, free_port
 
 ADMIN = "sk-dev-preempt-admin"
 EXAMPLE = Path(__file__).parents[2] / "deploy/examples/batch-scheduling/bursty-vllm.json"

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from backfill.dev.procs import free_port
 from tests.e2e.stack import Stack
+from tools.dev.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from backfill.dev.procs import free_port
 from tests.e2e.conftest import MakeStack
 from tests.e2e.test_docs_commands import Runner, clean_env, runnable, stack_code
+from tools.dev.procs import free_port
 
 PAGE = "docs/webhooks.md"
 OPERATOR = {

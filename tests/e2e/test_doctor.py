@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 
 from backfill.config import hash_key
-from backfill.dev.devserver import DevServer, temporal_cli_path
-from backfill.dev.procs import Child, backfill_argv, free_port
 from backfill.search_attributes import ALL
-from backfill.sim import SimConfig
-from backfill.sim.server import SimServer
 from tests.polling import poll_until
+from tools.dev.devserver import DevServer, temporal_cli_path
+from tools.dev.procs import Child, backfill_argv, free_port
+from tools.sim import SimConfig
+from tools.sim.server import SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-test-doctor"
@@ -47,7 +47,7 @@ def config(path: Path, sim_base_url: str) -> Path:
 async def doctor(env: dict[str, str]) -> tuple[int, str]:
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "backfill", "doctor"],
+        [sys.executable, "-m", "tools", "doctor"],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,

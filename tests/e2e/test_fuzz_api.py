@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from api.app import create_app
 from backfill.config import Settings
-from backfill.sim import SimConfig
 from tests.e2e.stack import KEYS, Stack, jsonl, submit
+from tools.sim import SimConfig
 
 EXAMPLES = 150
 

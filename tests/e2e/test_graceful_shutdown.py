@@ -15,12 +15,12 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
-from backfill.dev.devserver import connect_client
-from backfill.dev.procs import Child
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_in_flight, wait_terminal
 from tests.polling import poll_until
+from tools.dev.devserver import connect_client
+from tools.dev.procs import Child
+from tools.sim import SimConfig
 
 SLOW = SimConfig(model_names=[], latency_ms=3000)
 """Lines that take 3 s upstream: long enough to be in flight when the signal arrives."""

@@ -12,9 +12,9 @@ import httpx
 import openai.types.chat
 import pytest_asyncio
 
-from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, assert_error, auth
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 ALPHA, BETA, ADMIN = "sk-test-alpha", "sk-test-beta", "sk-test-admin"
 JOBS = "/gateway/v1/batches"

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from backfill.sim import SimConfig
-from backfill.sim.faults import SimFault
 from tests.e2e.stack import Stack, output_ids, submit, wait_terminal
+from tools.sim import SimConfig
+from tools.sim.faults import SimFault
 
 LINES = 240
 IDLE_CLOSE_S = 1.0

@@ -9,11 +9,11 @@ import json
 import re
 from pathlib import Path
 
-from backfill.sim import SimConfig
-from backfill.sim.faults import SimFault
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import wait_terminal
 from tests.e2e.test_cli import cli
+from tools.sim import SimConfig
+from tools.sim.faults import SimFault
 
 BREAKS = ("\u2028", "\u2029", "\u0085")
 

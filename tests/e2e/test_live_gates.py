@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.sim import SimConfig, SimFault
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, auth, submit, wait_terminal
+from tools.sim import SimConfig, SimFault
 
 ADMIN = "sk-test-admin"
 

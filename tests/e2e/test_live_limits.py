@@ -10,10 +10,10 @@ import openai
 import pytest
 import pytest_asyncio
 
-from backfill.sim import SimConfig
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, assert_error, auth
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 CAP = 2
 MSG = [{"role": "user", "content": "one two three four five six seven eight"}]

@@ -16,9 +16,9 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.sim import SimConfig, SimFault
 from tests.conftest import TemporalServer
 from tests.e2e.stack import API_KEY, Stack, assert_error, auth
+from tools.sim import SimConfig, SimFault
 
 UPSTREAM_KEY = "sk-upstream-route-key"
 TOKEN_DELAY_MS = 60
@@ -231,7 +231,7 @@ async def test_non_envelope_upstream_error_is_wrapped(
     from fastapi import FastAPI
     from fastapi.responses import PlainTextResponse
 
-    from backfill.dev.procs import free_port
+    from tools.dev.procs import free_port
 
     bare = FastAPI()
 
@@ -334,9 +334,9 @@ async def health(stack: Stack) -> dict[str, str]:
 async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
     import signal
 
-    from backfill.dev.devserver import DevServer
-    from backfill.dev.procs import free_port
     from tests.e2e.stack import submit, wait_terminal
+    from tools.dev.devserver import DevServer
+    from tools.dev.procs import free_port
 
     server = DevServer(tmp_path / "temporal", port=free_port(), ui_port=None)
     server.start()

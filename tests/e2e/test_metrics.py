@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.sim import SimConfig, SimFault
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, auth, submit
 from tests.polling import poll_until
+from tools.sim import SimConfig, SimFault
 
 ADMIN = "sk-test-admin"
 FAST_EXPORT = {"BACKFILL_METRICS_POLL_SECONDS": "0.3"}

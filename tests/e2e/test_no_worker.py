@@ -8,10 +8,10 @@ import time
 
 import httpx
 
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import auth, submit
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 ADMIN = "sk-test-admin"
 ANSWER_WITHIN = 6.0

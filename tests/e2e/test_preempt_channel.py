@@ -17,10 +17,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.e2e.test_live_gates import batch_arrivals, put_settings, worker_samples
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 TOKEN = "e2e-channel"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

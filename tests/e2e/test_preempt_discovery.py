@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 
-from backfill.sim import SimConfig
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, submit
 from tests.e2e.test_live_gates import batch_arrivals, put_settings, scheduling, worker_samples
 from tests.e2e.test_preempt_door import live_streams
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 
 async def test_a_worker_started_after_the_api_is_found_and_preempts(

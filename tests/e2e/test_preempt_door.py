@@ -16,12 +16,12 @@ from typing import Any
 
 import httpx
 
-from backfill.sim import SimConfig
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.e2e.test_live_gates import held_back, put_settings, scheduling
 from tests.polling import poll_until
 from tests.workflows.events import E
+from tools.sim import SimConfig
 
 LINE_TIMEOUT = 7.0
 """The batch's line timeout (s): its activity's clock is this + 60 s, so 10× it (70 s) is past

@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backfill.sim import SimConfig
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, submit
 from tests.e2e.test_live_gates import batch_arrivals, put_settings, scheduling, worker_samples
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 WORKERS = 3
 

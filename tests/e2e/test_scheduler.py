@@ -19,9 +19,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import SchedulerStatus
 from backfill.refs import RouteSchedulerWorkflow
-from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 ADMIN = {"Authorization": "Bearer sk-test-admin"}
 

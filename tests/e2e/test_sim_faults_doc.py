@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from backfill.sim import SimConfig
-from backfill.sim.server import SimServer
+from tools.sim import SimConfig
+from tools.sim.server import SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

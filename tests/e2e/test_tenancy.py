@@ -12,13 +12,13 @@ import pytest
 from temporalio.client import Client
 
 from backfill.config import hash_key
-from backfill.dev.procs import backfill_argv
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_terminal
 from tests.e2e.test_roles_matrix import SCHEDULING, closed_window
 from tests.e2e.test_scheduler import wait_scheduler
 from tests.polling import poll_until
+from tools.dev.procs import backfill_argv
+from tools.sim import SimConfig
 
 LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta", "sk-test-admin"
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}

@@ -28,10 +28,10 @@ from opentelemetry.trace import SpanKind
 from api.app import create_app
 from backfill import tracing
 from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.dev.procs import free_port
-from backfill.sim import SimConfig, SimServer
 from backfill.temporal_client import connect
 from tests.polling import poll_until
+from tools.dev.procs import free_port
+from tools.sim import SimConfig, SimServer
 from worker.main import running_worker
 
 KEY = "sk-trace-alpha"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from backfill.sim import SimConfig
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 
 class Collector:

@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import input_ids, output_ids, submit, watch_until_terminal
+from tools.sim import SimConfig
 
 
 async def test_each_route_runs_its_own_lines_under_its_own_cap(make_stack: MakeStack) -> None:

@@ -17,7 +17,6 @@ import pytest_asyncio
 from openai.types import Completion, CreateEmbeddingResponse
 from temporalio.client import Client
 
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import (
     Stack,
@@ -31,6 +30,7 @@ from tests.e2e.stack import (
 )
 from tests.polling import poll_until
 from tests.workflows.events import E, completed_result, find
+from tools.sim import SimConfig
 
 RETRIES = 2  # the stack's [limits] max_line_retries: each line is sent at most 1 + 2 times
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import httpx
 
-from backfill.sim import SimConfig
 from backfill.usage import read_entries
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, auth, jsonl, submit, wait_terminal
 from tests.e2e.test_metrics import scrape, value, worker_url
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 ALPHA, ADMIN, AUDITOR = "sk-test-alpha", "sk-test-admin", "sk-test-auditor"
 CANCELLED_LINES = 30

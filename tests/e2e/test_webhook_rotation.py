@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import openai
 
-from backfill.sim import SimConfig
 from backfill.webhooks import event_id
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import submit, wait_terminal
@@ -25,6 +24,7 @@ from tests.e2e.test_webhooks import (
     until,
 )
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 
 @dataclass

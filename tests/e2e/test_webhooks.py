@@ -16,11 +16,11 @@ import httpx
 import openai
 from openai.types.webhooks import WebhookEndpointWithSecret
 
-from backfill.sim import SimConfig, SimServer
 from backfill.webhooks import event_id
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.polling import poll_until
+from tools.sim import SimConfig, SimServer
 
 ADMIN = "sk-test-admin"
 FAST_RETRIES = {

@@ -8,11 +8,11 @@ import httpx
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client
 
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import input_ids, output_ids, submit, wait_terminal
 from tests.e2e.test_metrics import scrape, value, worker_url
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 LINES = 30
 

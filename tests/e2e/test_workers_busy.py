@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from backfill.sim import SimConfig
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import submit, wait_in_flight
 from tests.polling import poll_until
+from tools.sim import SimConfig
 
 
 async def test_allotted_lines_waiting_for_worker_slots_say_so(make_stack: MakeStack) -> None:

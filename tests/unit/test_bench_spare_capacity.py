@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from backfill.sim import GpuConfig, SimConfig, SimServer
-from backfill.sim.gpu import LatencyRecord
 from bench.spare_capacity import (
     EXAMPLE,
     FIRST_ROUND,
@@ -27,6 +25,8 @@ from bench.spare_capacity import (
 )
 from bench.spare_loads import IdealClient, IdealMove, InFlight, ideal_move, settings_for
 from bench.spare_workload import Workload, mean_rate_of
+from tools.sim import GpuConfig, SimConfig, SimServer
+from tools.sim.gpu import LatencyRecord
 
 
 def test_bursty_schedule_is_seeded_and_alternates_quiet_and_busy_phases() -> None:

@@ -1,4 +1,4 @@
-"""Which lines `backfill batch retry` sends again (backfill/client/selection.py) and how the
+"""Which lines `backfill batch retry` sends again (tools/client/selection.py) and how the
 watcher words a batch, without a server."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 from openai.types import Batch
 
-from backfill.client.selection import input_lines, parse_kinds, to_retry
-from backfill.client.watching import view_of, wait_reason
 from backfill.eta import ProgressLog
+from tools.client.selection import input_lines, parse_kinds, to_retry
+from tools.client.watching import view_of, wait_reason
 
 
 def answered(cid: str, status: int) -> dict[str, object]:

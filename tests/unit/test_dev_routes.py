@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backfill.config import ModelConfig, RouteConfig, Settings
-from backfill.dev import runner
+from tools.dev import runner
 
 
 def settings(*base_urls: str) -> Settings:

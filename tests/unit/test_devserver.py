@@ -1,4 +1,4 @@
-"""backfill.dev.devserver, backfill.dev.procs and the small CLI commands, on the real binaries."""
+"""tools.dev.devserver, tools.dev.procs and the small CLI commands, on the real binaries."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from backfill.cli import main
 from backfill.config import hash_key
-from backfill.dev.devserver import (
+from backfill.search_attributes import ALL
+from tools.cli import main
+from tools.dev.devserver import (
     DevServer,
     DevServerError,
     connect_client,
@@ -28,8 +29,7 @@ from backfill.dev.devserver import (
     temporal_cli_path,
     test_server_path,
 )
-from backfill.dev.procs import Child, pid_alive, port_in_use
-from backfill.search_attributes import ALL
+from tools.dev.procs import Child, pid_alive, port_in_use
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -271,7 +271,7 @@ def test_cli_bad_config_exits_2(
 
 def test_python_dash_m_backfill() -> None:
     out = subprocess.run(
-        [PY, "-m", "backfill", "hash-key"],
+        [PY, "-m", "tools", "hash-key"],
         input="abc\n",
         capture_output=True,
         text=True,

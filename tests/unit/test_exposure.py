@@ -20,8 +20,8 @@ import uvicorn
 from api.app import create_app
 from api.main import server_config
 from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.dev.procs import free_port
 from tests.polling import poll_until
+from tools.dev.procs import free_port
 
 KEYS = {"sk-u-member": "member", "sk-u-admin": "platform_admin", "sk-u-auditor": "auditor"}
 

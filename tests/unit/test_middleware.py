@@ -11,7 +11,7 @@ import pytest_asyncio
 from fastapi import FastAPI, Request
 
 from api.middleware import BodyLimit, BodyRule, CatchAll
-from backfill.sim import SimServer
+from tools.sim import SimServer
 
 LIMIT = 1000
 

@@ -29,7 +29,7 @@ from backfill.load_reader import (
     ServerLoadReader,
     allowed_address,
 )
-from backfill.sim import SimConfig, SimServer
+from tools.sim import SimConfig, SimServer
 
 CAPTURES = Path(__file__).parent.parent / "fixtures" / "server-metrics"
 T = 1_760_000_000

@@ -1,4 +1,4 @@
-"""The vLLM-like simulator (backfill.sim), driven over real loopback HTTP."""
+"""The vLLM-like simulator (tools.sim), driven over real loopback HTTP."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.sim import BATCH_HEADER, Scheduler, SimConfig, SimServer, create_app
-from backfill.sim.faults import SimFault
+from tools.sim import BATCH_HEADER, Scheduler, SimConfig, SimServer, create_app
+from tools.sim.faults import SimFault
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
@@ -476,7 +476,7 @@ def _free_port() -> int:
 
 async def test_main_serves_until_sigterm() -> None:
     port = _free_port()
-    code = "import sys; from backfill.sim import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tools.sim import main; sys.exit(main(sys.argv[1:]))"
     args = ["--port", str(port), "--model", "m1", "--max-num-seqs", "3", "--log-level", "warning"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, *args, env=env)

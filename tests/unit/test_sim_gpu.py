@@ -1,4 +1,4 @@
-"""The simulator's GPU mode (backfill.sim.gpu), driven over real loopback HTTP."""
+"""The simulator's GPU mode (tools.sim.gpu), driven over real loopback HTTP."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.dev.procs import free_port
-from backfill.sim import BATCH_HEADER, GpuConfig, SimConfig, SimServer
-from backfill.sim.gpu import FINISHED, GpuEngine, GpuSequence, percentile
+from tools.dev.procs import free_port
+from tools.sim import BATCH_HEADER, GpuConfig, SimConfig, SimServer
+from tools.sim.gpu import FINISHED, GpuEngine, GpuSequence, percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
@@ -369,7 +369,7 @@ async def test_latencies_endpoint_needs_gpu_mode() -> None:
 
 async def test_cli_gpu_flags() -> None:
     port = free_port()
-    code = "import sys; from backfill.sim import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tools.sim import main; sys.exit(main(sys.argv[1:]))"
     args = ["--port", str(port), "--gpu", "--max-num-seqs", "2", "--step-base-ms", "30"]
     args += ["--step-per-seq-ms", "0", "--kv-cache-tokens", "50", "--log-level", "warning"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -21,9 +21,9 @@ from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import LineInput, ValidateInput
-from backfill.sim import SimConfig, SimServer
 from backfill.store import FileStore
 from backfill.streamed_answer import Reassembled, StreamError, streamable
+from tools.sim import SimConfig, SimServer
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 BATCH = "batch_streamed"

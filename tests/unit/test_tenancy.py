@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from api.deps import Identity
-from backfill.cli import main
 from backfill.config import Settings, WorkspaceLimits, load_settings
 from backfill.keys import create_key, parse_models
+from tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 

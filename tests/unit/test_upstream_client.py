@@ -17,8 +17,8 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeat import HEARTBEAT_EVERY, heartbeat_period, heartbeating
-from backfill.sim import SimConfig, SimServer
 from tests.polling import poll_until
+from tools.sim import SimConfig, SimServer
 from worker.upstream import (
     COALESCE_BYTES,
     PER_POOL,

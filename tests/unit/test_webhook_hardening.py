@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from activities.webhooks import WebhookActivities
 from backfill.config import MIN_WEBHOOK_KEY_LENGTH, Settings
-from backfill.sim import SimConfig, SimServer
 from backfill.webhooks import (
     AttemptInput,
     Destinations,
@@ -28,6 +27,7 @@ from backfill.webhooks import (
     signed_headers,
     signing_rotations,
 )
+from tools.sim import SimConfig, SimServer
 
 KEY = "k" * MIN_WEBHOOK_KEY_LENGTH
 EVENT = WebhookEvent.for_batch("batch_abc123", "batch.completed", 1_700_000_000)

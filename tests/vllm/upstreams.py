@@ -24,10 +24,10 @@ from typing import Any
 
 import httpx
 
-from backfill.dev.devserver import free_port
 from backfill.load_metrics import parse_load
-from backfill.sim import SimConfig, SimServer
 from tests.e2e.stack import Stack
+from tools.dev.devserver import free_port
+from tools.sim import SimConfig, SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"

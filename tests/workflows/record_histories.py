@@ -30,10 +30,8 @@ from typing import Any
 import httpx
 from temporalio.client import Client, WorkflowHistory
 
-from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import LiveCountReport
-from backfill.sim import SimConfig
 from tests.e2e.stack import API_KEY, Stack, submit, wait_terminal
 from tests.e2e.test_preempt_door import live_streams
 from tests.polling import poll_until
@@ -47,6 +45,8 @@ from tests.workflows.events import (
     signaled,
     updated,
 )
+from tools.dev.devserver import DevServer, connect_client, free_port
+from tools.sim import SimConfig
 from workflows.batch import BatchWorkflow
 from workflows.patches import (
     ALARMS_ON_TIME,

@@ -26,10 +26,10 @@ from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
 from backfill.batches import Batch
-from backfill.dev.devserver import DevServer, connect_client, free_port
 from backfill.messages import BatchInput
 from tests.conftest import TemporalServer
 from tests.workflows.test_expiry import Harness, harness_worker
+from tools.dev.devserver import DevServer, connect_client, free_port
 from workflows import patches, run_length
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow

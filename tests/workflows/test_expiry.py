@@ -30,12 +30,12 @@ from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
 from backfill.config import Settings
-from backfill.dev.devserver import test_server_path
 from backfill.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
 from backfill.records import END_MESSAGES
 from backfill.schedulers import signal_demand
 from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow
+from tools.dev.devserver import test_server_path
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 

@@ -18,8 +18,8 @@ from temporalio import activity
 
 from activities.lines import LineActivities
 from backfill.messages import LineInput, LineOutcome
-from backfill.sim import SimServer
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
+from tools.sim import SimServer
 from workflows.batch import BatchWorkflow
 from workflows.line_activity import MAX_LOST_ATTEMPTS
 

@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from backfill.dev.devserver import test_server_path
+from tools.dev.devserver import test_server_path
 
 with workflow.unsafe.imports_passed_through():
     from backfill.gates.window import TimeWindow, window_state

@@ -13,9 +13,9 @@ from openai.types import Batch
 from rich.console import Console
 from rich.table import Table
 
-from backfill.client.connection import DEFAULT_BASE_URL, CommandError, Connection, api_error
-from backfill.client.selection import input_lines, output_ids, parse_kinds, to_retry
-from backfill.client.watching import TERMINAL, extension, wait_reason, watch
+from tools.client.connection import DEFAULT_BASE_URL, CommandError, Connection, api_error
+from tools.client.selection import input_lines, output_ids, parse_kinds, to_retry
+from tools.client.watching import TERMINAL, extension, wait_reason, watch
 
 app = typer.Typer(
     name="backfill batch",

@@ -1,12 +1,12 @@
 """`backfill sim`: a vLLM-like model server for the demo, the tests and the benchmarks.
 
 It speaks HTTP like vLLM (OpenAI-compatible endpoints, `/metrics`), with a capacity model and
-fault injection (`backfill.sim.faults`). Tooling, not part of the gateway's core.
+fault injection (`tools.sim.faults`). Tooling, not part of the gateway's core.
 """
 
-from backfill.sim.faults import FaultAction, FaultInjector, SimFault
-from backfill.sim.gpu import GpuConfig, GpuEngine, LatencyRecord
-from backfill.sim.server import (
+from tools.sim.faults import FaultAction, FaultInjector, SimFault
+from tools.sim.gpu import GpuConfig, GpuEngine, LatencyRecord
+from tools.sim.server import (
     BATCH_HEADER,
     Scheduler,
     SeenRequest,

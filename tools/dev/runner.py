@@ -23,8 +23,8 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from backfill.config import Settings
-from backfill.dev.devserver import DevServer, DevServerError
-from backfill.dev.procs import Child, backfill_argv, port_in_use
+from tools.dev.devserver import DevServer, DevServerError
+from tools.dev.procs import Child, backfill_argv, port_in_use
 
 EMBEDDED_DYNAMIC_CONFIG = {"history.maximumBufferedEventsBatch": 1000}
 """The embedded dev server's settings beyond its defaults. At the default (100 buffered events) a
@@ -32,7 +32,7 @@ route of 256 lines of ~2 s has the server fail a batch's workflow task that runs
 milliseconds (FORCE_CLOSE_COMMAND), and the worker redo it from the full history
 (docs/performance.md, "Session 4"); the operator guide asks the same of a production cluster."""
 
-log = logging.getLogger("backfill.dev")
+log = logging.getLogger("tools.dev")
 
 DEV_API_KEY = "sk-backfill-dev"
 """The key whose hash backfill.toml lists (workspace `default`, role platform_admin)."""

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from backfill.sim.gpu_reply import dumps
+from tools.sim.gpu_reply import dumps
 
 
 def input_texts(value: Any) -> list[str] | None:

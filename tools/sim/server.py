@@ -8,7 +8,7 @@ hooks under ``/sim/*`` (fault injection, traffic statistics). ``SimServer`` runs
 inside the current event loop; ``main()`` is the ``backfill sim`` command line.
 
 Two capacity models: by default each request holds a slot for a fixed latency; with
-``SimConfig.gpu`` (``--gpu``) a continuous-batching engine (``backfill.sim.gpu``) decides when each
+``SimConfig.gpu`` (``--gpu``) a continuous-batching engine (``tools.sim.gpu``) decides when each
 token is produced, and ``/sim/latencies`` reports TTFT and end-to-end latency per class (live
 requests, batch lines carrying ``X-Backfill-Batch``).
 """
@@ -38,9 +38,9 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from backfill.endpoints import REGISTRY, EndpointSpec
-from backfill.sim import responses
-from backfill.sim.faults import FaultAction, FaultInjector, SimFault
-from backfill.sim.gpu import (
+from tools.sim import responses
+from tools.sim.faults import FaultAction, FaultInjector, SimFault
+from tools.sim.gpu import (
     FINISHED,
     GpuConfig,
     GpuEngine,
@@ -48,7 +48,7 @@ from backfill.sim.gpu import (
     SequenceTooLong,
     TrafficClass,
 )
-from backfill.sim.gpu_reply import GpuReply, dumps, split_words
+from tools.sim.gpu_reply import GpuReply, dumps, split_words
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
@@ -117,7 +117,7 @@ class SimConfig(BaseModel):
     """A model's context in tokens (words here), as `vllm serve --max-model-len`: a prompt of at
     least this many, or a `max_tokens` above it, is a 400 with vLLM's message. None: no limit."""
     gpu: GpuConfig | None = None
-    """GPU mode (continuous batching, `backfill.sim.gpu`) instead of fixed per-request latency."""
+    """GPU mode (continuous batching, `tools.sim.gpu`) instead of fixed per-request latency."""
 
     @property
     def metrics_model_name(self) -> str:
@@ -1046,7 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
         help="context in tokens (words): longer prompts and max_tokens get vLLM's 400",
     )
     p.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("GPU mode", "continuous batching (backfill.sim.gpu)")
+    g = p.add_argument_group("GPU mode", "continuous batching (tools.sim.gpu)")
     d = GpuConfig()
     g.add_argument("--gpu", action="store_true", help="continuous-batching engine model")
     g.add_argument("--step-base-ms", type=float, default=d.step_base_ms)

@@ -11,6 +11,6 @@ from collections.abc import Sequence
 def main(argv: Sequence[str]) -> int:
     """Run `backfill batch <argv>`; the exit code (0 completed, 1 failed/expired/cancelled or
     unreachable, 2 usage error or refused request, 130 stopped watching)."""
-    from backfill.client.commands import run
+    from tools.client.commands import run
 
     return run(list(argv))

@@ -24,8 +24,8 @@ from typing import IO
 
 
 def backfill_argv(subcommand: str, *args: str) -> list[str]:
-    """`python -m backfill <subcommand> args...` with this interpreter."""
-    return [sys.executable, "-m", "backfill", subcommand, *args]
+    """`python -m tools <subcommand> args...`: the `backfill` command with this interpreter."""
+    return [sys.executable, "-m", "tools", subcommand, *args]
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

@@ -1,4 +1,4 @@
-"""Fault injection for the model server simulator (:mod:`backfill.sim.server`).
+"""Fault injection for the model server simulator (:mod:`tools.sim.server`).
 
 A fault matches inference requests (optionally only those carrying a given header or hitting a
 given path) and, when it fires, delays the request, answers it with an error status, or drops the

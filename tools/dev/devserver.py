@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from backfill.dev.procs import Child, free_port, port_in_use
+from tools.dev.procs import Child, free_port, port_in_use
 
 if TYPE_CHECKING:
     from temporalio.client import Client

@@ -15,7 +15,7 @@ a request waits while its worst case does not fit beside the running ones' worst
 allocates lazily and preempts instead; the gauge therefore reads lower than the reservation here
 when the budget is what blocks admission.
 
-This module knows nothing of HTTP: ``backfill.sim.server`` turns a request into a
+This module knows nothing of HTTP: ``tools.sim.server`` turns a request into a
 ``GpuSequence``, ``submit``s it and writes each token to the client as the engine hands it
 over. Latencies are recorded per class (live requests, and batch lines that carry
 ``X-Backfill-Batch``).
@@ -189,7 +189,7 @@ class SequenceTooLong(ValueError):
 class GpuEngine:
     """Continuous batching over ``max_num_seqs`` seats and a KV-cache budget.
 
-    ``running``/``waiting``/``peak_*`` mirror ``backfill.sim.server.Scheduler`` so the server's
+    ``running``/``waiting``/``peak_*`` mirror ``tools.sim.server.Scheduler`` so the server's
     stats and gauges read either one.
     """
 

@@ -1,5 +1,0 @@
-"""`python -m backfill ...`: the same as the `backfill` console script."""
-
-from backfill.cli import main
-
-raise SystemExit(main())
