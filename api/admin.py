@@ -33,7 +33,13 @@ from backfill.gates import server_load as load_gate
 from backfill.ids import scheduler_workflow_id
 from backfill.load_metrics import approve_metrics_url, configured_bases
 from backfill.load_reader import ServerLoadReader
-from backfill.messages import BatchStatusEntry, RouteSettings, SchedulerInput, SchedulerStatus
+from backfill.messages import (
+    BatchStatusEntry,
+    RouteSettings,
+    RouteState,
+    SchedulerInput,
+    SchedulerStatus,
+)
 from backfill.refs import RouteSchedulerWorkflow
 from backfill.schedulers import start_scheduler
 
@@ -72,21 +78,13 @@ async def _document(
         route=route_id,
         settings=status.settings,
         status=SchedulingStatus(
-            queued_lines=status.queued_lines,
+            **{name: getattr(status, name) for name in RouteState.model_fields},
             running_lines=lines.running,
             preempted_lines=lines.preempted,
             wasted_tokens=lines.wasted_tokens,
-            limit=status.limit,
-            ramping_to=status.ramping_to,
-            live_in_flight=status.live_in_flight,
-            seats_held_back=status.seats_held_back,
             preempt_channel=preempt_channel(getattr(request.app.state, "preempt", None)),
-            state=status.state,
-            reason=status.reason,
-            reason_detail=status.reason_detail,
             backoff_until=int(status.backoff_until) if status.backoff_until else None,
             server_load=reading.model_dump() if reading is not None else None,
-            batches=status.batches,
         ),
     )
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.jobs import Job
-from backfill.messages import BatchStatusEntry, RouteSettings
+from backfill.messages import RouteSettings, RouteState
 from backfill.store import FileObject as StoredFile
 
 MAX_METADATA_PAIRS = 16
@@ -196,11 +196,12 @@ class PreemptChannelStatus(BaseModel):
     """Those whose last live count was taken: 0 with `preempt` set means no line is preempted."""
 
 
-class SchedulingStatus(BaseModel):
+class SchedulingStatus(RouteState):
+    """The route's state as its scheduler says it (`RouteState`), with what the batches and
+    this api process add."""
+
     model_config = _Output
 
-    queued_lines: int
-    """Lines wanted beyond their allotments."""
     running_lines: int
     """Batch lines running on the route now, counted by the batches themselves."""
     preempted_lines: int = 0
@@ -208,31 +209,13 @@ class SchedulingStatus(BaseModel):
     summed over the batches now on the route (each batch's `backfill.routes[]` entry)."""
     wasted_tokens: int = 0
     """Tokens those runs had generated, thrown away (an estimate), summed the same way."""
-    limit: int
-    """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen ramp's
-    lower limit."""
-    ramping_to: int | None = None
-    """While the reopen ramp holds `limit` below what the gates allow: that (null: not
-    ramping)."""
-    live_in_flight: int = 0
-    """Live requests in flight on the route, summed over every api process reporting."""
-    seats_held_back: int = 0
-    """Seats the workers hold back from batch lines for preemptive yield's live TTFT target,
-    beyond `keep_free` (the allotment leaves them out)."""
     preempt_channel: PreemptChannelStatus | None = None
     """Preemptive yield's channel as this api process sees it (null: off, no
     `BACKFILL_PREEMPT_TOKEN`: a `preempt` setting then preempts nothing)."""
-    state: Literal["open", "paused"] = "open"
-    """`paused`: a gate holds every new line back; running lines finish."""
-    reason: str | None = None
-    """Why lines are held back (one of the documented reasons), or null."""
-    reason_detail: str | None = None
-    """More about the reason (e.g. why the server's metrics could not be read)."""
     backoff_until: int | None = None
     """While rate limited: when the back-off ends (unix seconds)."""
     server_load: dict[str, Any] | None = None
     """The server load signal's last reading (null while the signal is off)."""
-    batches: list[BatchStatusEntry]
     stale: bool = False
     """True when the scheduler could not answer just now (no worker running): the settings are
     Temporal's record of them (its input and the updates it accepted), the counts are unknown

@@ -172,34 +172,46 @@ class BatchStatusEntry(BaseModel):
     """Why its lines wait, when they do."""
 
 
-class SchedulerStatus(BaseModel):
+class RouteState(BaseModel):
+    """What a route's scheduler says of the route now: the fields its `status` query
+    (`SchedulerStatus`) and the management API's route status (`api.schemas.SchedulingStatus`)
+    share, declared once."""
+
+    model_config = ConfigDict(
+        json_schema_serialization_defaults_required=True, use_attribute_docstrings=True
+    )
+
+    queued_lines: int
+    """Lines wanted beyond their allotments."""
+    limit: int
+    """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen ramp's
+    lower limit."""
+    ramping_to: int | None = None
+    """While the reopen ramp holds `limit` below what the gates allow: that (null: not
+    ramping)."""
+    live_in_flight: int = 0
+    """Live requests in flight on the route, summed over every api process reporting."""
+    seats_held_back: int = 0
+    """Seats the workers hold back from batch lines for preemptive yield's live TTFT target,
+    beyond `keep_free` (the allotment leaves them out)."""
+    state: Literal["open", "paused"] = "open"
+    """`paused`: a gate holds every new line back; running lines finish."""
+    reason: str | None = None
+    """Why lines are held back (one of the documented reasons), or null."""
+    reason_detail: str | None = None
+    """More about the reason (e.g. why the server's metrics could not be read)."""
+    batches: list[BatchStatusEntry]
+
+
+class SchedulerStatus(RouteState):
     """The scheduler's `status` query answer."""
 
     route_id: str
     settings: RouteSettings
-    limit: int
-    """Batch lines the route allows now: "Batch lines at once", or a gate's or the reopen
-    ramp's lower limit."""
-    ramping_to: int | None = None
-    """While the reopen ramp holds `limit` below what the gates allow: that (None: not
-    ramping)."""
     allotted: int
     """Sum of allotments: lines batches may run now."""
     held: int
     """Slots counted as used (≥ allotted while shrinks are unacknowledged)."""
-    queued_lines: int
-    """Lines wanted beyond their allotments."""
-    batches: list[BatchStatusEntry]
-    state: Literal["open", "paused"] = "open"
-    """`paused`: a gate holds every new line back (running ones finish)."""
-    reason: str | None = None
-    """Why lines are held back: the closed gate's reason, or the cap's when only it holds."""
-    reason_detail: str | None = None
-    live_in_flight: int = 0
-    """Live requests in flight on the route, summed over every api process reporting."""
-    seats_held_back: int = 0
-    """Seats the workers hold back from batch lines for the live-latency target (preemptive
-    yield's `live_ttft_target_ms`), beyond `keep_free`."""
     backoff_until: float | None = None
 
 
