@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from backfill.batches import Batch, BatchStatus
+from backfill.records import read_committed
 
 JOB_METADATA_KEY = "backfill_job"
 """The metadata key that marks a batch as a job (value `JOB_METADATA_VALUE`)."""
@@ -88,36 +89,26 @@ class LineRecord(BaseModel):
 
 
 def read_record(data: bytes | None) -> LineRecord | None:
-    """The parts of a committed record (one JSONL line) a job shows; None when there is no
-    record or it cannot be read. Never raises."""
-    if not data:
+    """The parts of a committed record (one JSONL line, read by `records.read_committed`) a job
+    shows; None when there is no record or it cannot be read. Never raises."""
+    record = read_committed(data) if data else None
+    if record is None:
         return None
-    try:
-        record = json.loads(data.splitlines()[0])
-    except (ValueError, RecursionError, IndexError):
-        return None
-    if not isinstance(record, dict):
-        return None
-    response, error = record.get("response"), record.get("error")
-    if isinstance(response, dict):
-        status = response.get("status_code")
-        status = status if isinstance(status, int) and not isinstance(status, bool) else None
-        rid = response.get("request_id")
-        body = response.get("body")
+    if record.kind == "answer":
+        status = record.status_code
         out = LineRecord(
-            request_id=rid if isinstance(rid, str) else None,
-            status_code=status,
-            body=body,
-            sent=True,
+            request_id=record.request_id, status_code=status, body=record.body, sent=True
         )
         if status is None or not 200 <= status < 300:
-            out.error = JobError(code=f"http_{status}", message=_answer_message(body, status))
+            out.error = JobError(
+                code=f"http_{status}", message=_answer_message(record.body, status)
+            )
         return out
-    if isinstance(error, dict):
-        code = error.get("code") if isinstance(error.get("code"), str) else "error"
-        message = error.get("message") if isinstance(error.get("message"), str) else ""
+    if record.kind == "error":
+        code = record.error_code or "error"
         return LineRecord(
-            error=JobError(code=str(code), message=str(message)), sent=code not in NOT_SENT_CODES
+            error=JobError(code=code, message=record.error_message or ""),
+            sent=code not in NOT_SENT_CODES,
         )
     return None
 

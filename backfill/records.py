@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from typing import Any, overload
+from dataclasses import dataclass
+from typing import Any, Literal, overload
 
 from backfill import strict_json
 from backfill.batches import TokenCounts
@@ -111,24 +112,63 @@ def response_record_bytes(
     return b"".join((one_line(prefix), one_line(body), b'},"error":null}'))
 
 
+@dataclass(frozen=True)
+class CommittedRecord:
+    """A committed record's parts, decoded once by the strict decoder (`read_committed`): every
+    reader of a record (the workflow's outcome, a job's view) starts here."""
+
+    kind: Literal["answer", "error", "other"]
+    """`answer`: it has a `response` object; `error`: an `error` object; `other`: neither."""
+    status_code: int | None = None
+    """The answer's HTTP status (None: absent or not an integer)."""
+    body: Any = None
+    request_id: str | None = None
+    error_code: str | None = None
+    """The error object's code, when it is a string."""
+    error_message: str | None = None
+
+
+def read_committed(data: bytes) -> CommittedRecord | None:
+    """A committed record read strictly (the upstream's body as it came: a number too large for
+    a float reads as infinity); None when it is not one JSON object. Never raises."""
+    try:
+        record = strict_json.loads(data, finite=False)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    response, error = record.get("response"), record.get("error")
+    if isinstance(response, dict):
+        status = response.get("status_code")
+        rid = response.get("request_id")
+        return CommittedRecord(
+            kind="answer",
+            status_code=None if isinstance(status, bool) or not isinstance(status, int) else status,
+            body=response.get("body"),
+            request_id=rid if isinstance(rid, str) else None,
+        )
+    if isinstance(error, dict):
+        code, message = error.get("code"), error.get("message")
+        return CommittedRecord(
+            kind="error",
+            error_code=code if isinstance(code, str) else None,
+            error_message=message if isinstance(message, str) else None,
+        )
+    return CommittedRecord(kind="other")
+
+
 def outcome_from_record(line_no: int, data: bytes) -> LineOutcome:
     """The small outcome the workflow counts, derived from a committed record. Never raises: a
     record that cannot be read counts as a failed line with `invalid_record`."""
-    try:
-        record = strict_json.loads(data, finite=False)  # the upstream's body, as it came
-    except ValueError:
+    record = read_committed(data)
+    if record is None:
         return LineOutcome(line=line_no, error_code="invalid_record")
-    if not isinstance(record, dict):
+    if record.kind != "answer":
+        return LineOutcome(line=line_no, error_code=record.error_code)
+    status = record.status_code
+    if status is None:
         return LineOutcome(line=line_no, error_code="invalid_record")
-    response = record.get("response")
-    if not isinstance(response, dict):
-        error = record.get("error")
-        code = error.get("code") if isinstance(error, dict) else None
-        return LineOutcome(line=line_no, error_code=code if isinstance(code, str) else None)
-    status = response.get("status_code")
-    if isinstance(status, bool) or not isinstance(status, int):
-        return LineOutcome(line=line_no, error_code="invalid_record")
-    body = response.get("body")
+    body = record.body
     ok = 200 <= status < 300
     return LineOutcome(
         line=line_no,
