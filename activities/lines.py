@@ -22,7 +22,7 @@ import httpx
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.preemption import PreemptBoard, Ticket
+from activities.preemption import PreemptBoard
 from backfill import metrics, strict_json, tracing
 from backfill.config import RouteConfig, Settings
 from backfill.endpoints import REGISTRY, EndpointSpec
@@ -37,7 +37,15 @@ from backfill.records import (
     usage_of,
 )
 from backfill.store import Store
-from backfill.streamed_answer import Reassembled, StreamError, streamable, streamed_body
+from backfill.streamed_answer import (
+    Partial,
+    Reassembled,
+    StreamError,
+    continued_body,
+    finished_answer,
+    streamable,
+    streamed_body,
+)
 from backfill.upstream_request import build_upstream_request, upstream_body
 from backfill.usage import UsageEntry, UsageJournal, new_request_id
 
@@ -52,6 +60,9 @@ STORE_THREADS = 32
 """Threads for the lines' store reads and fsync'd commits. asyncio's default pool (cores + 4
 threads, 6 here) made 256 lines in flight queue for the disk behind each other."""
 T = TypeVar("T")
+REFUSED_CONTINUATION = frozenset({400, 422})
+"""A continuation (`continue_final_message`) the server refused as a request: it does not
+continue answers, and the line restarts."""
 UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 """Transport errors that, raised before the response's status line, mean the server never
 answered: typically a pooled keep-alive connection it closed as the request went out."""
@@ -118,20 +129,44 @@ class LineActivities:
             )
         rid = new_request_id()
         stream = self._stream(route, input, request)
+        sent = request
+        if stream is not None and input.preemptions > 0:  # preempted before: it may continue
+            partial = await self._in_thread(self._kept, input, line_no)
+            if partial is not None:
+                body = continued_body(input.endpoint, request["body"], partial)
+                if body is None:  # its token limit was reached as it was preempted: complete
+                    done = finished_answer(partial, stream.chat)
+                    data = json.dumps(done, separators=(",", ":"), ensure_ascii=False).encode()
+                    spec = REGISTRY[input.endpoint]
+                    answer = _answer(custom_id, line_no, 200, rid, "application/json", data, spec)
+                    return await self._commit(input.batch_id, answer)
+                sent = {**request, "body": body}
+                stream = Reassembled(stream.chat, before=partial)
+                resent = (partial.prompt_tokens or 0) + partial.completion_tokens
+                metrics.REPREFILL_TOKENS.labels(input.route_id).inc(resent)
         try:
             async with heartbeating():
                 if self.preempt is None:
                     answer = await self._send(route, input, request, custom_id, line_no, rid)
                 else:
-                    send = self._send(route, input, request, custom_id, line_no, rid, stream)
-                    answer = await self._send_preemptible(self.preempt, input, line_no, send)
+                    send = self._send(route, input, sent, custom_id, line_no, rid, stream)
+                    answer = await self._send_preemptible(
+                        self.preempt, input, line_no, send, stream
+                    )
                 if not answer.outcome.held:  # a line held at the door sent nothing
                     self._journal(input, request, rid, answer)  # now: a cancel may end the `with`
         except Exception as err:  # a bug, not an answer: the line ends failed, never lost
             activity.logger.exception("line %d of %s failed unexpectedly", line_no, input.batch_id)
             return await self._commit(input.batch_id, _unexpected(custom_id, line_no, err))
-        if answer.outcome.preempted:  # nothing is committed: the line runs again later
+        if answer.outcome.held:
             return answer.outcome
+        if answer.outcome.preempted:  # nothing is committed: the line runs again later
+            return await self._keep(input, line_no, stream, answer.outcome)
+        if sent is not request and answer.outcome.status_code in REFUSED_CONTINUATION:
+            # The server does not continue answers (resume should be off on this route): the
+            # partial answer is dropped and the line restarts.
+            await self._in_thread(self.store.put_partial, input.batch_id, line_no, b"{}")
+            return LineOutcome(line=line_no, retry=True, status_code=answer.outcome.status_code)
         if answer.retry and not input.final_attempt:
             return LineOutcome(
                 line=line_no,
@@ -147,10 +182,12 @@ class LineActivities:
         input: LineInput,
         line_no: int,
         send: Coroutine[Any, Any, Answer],
+        stream: Reassembled | None = None,
     ) -> Answer:
         """`send` unless live traffic needs the seat first: then the upstream request is closed
-        (the server aborts it) and the answer says `preempted`. An answer that is complete when
-        the preemption comes is kept (it is committed like any other)."""
+        (the server aborts it) and the answer says `preempted`, with the tokens it generated
+        (`stream`'s count, else an estimate). An answer that is complete when the preemption
+        comes is kept (it is committed like any other)."""
         ticket = board.enter(input.route_id, input.preemptions)
         try:
             try:
@@ -173,9 +210,14 @@ class LineActivities:
             if not sent.cancelled():
                 answer = sent.result()
                 usage = answer.outcome.usage
-                board.finished(ticket, usage.output_tokens if usage is not None else 0)
+                tokens = usage.output_tokens if usage is not None else 0
+                board.finished(ticket, stream.generated() if stream is not None else tokens)
                 return answer
-            return _preempted(board, input, line_no, ticket)
+            generated = stream.generated() if stream is not None else board.wasted_tokens(ticket)
+            outcome = LineOutcome(
+                line=line_no, error_code="preempted", preempted=True, wasted_tokens=generated
+            )
+            return Answer(b"", outcome)
         finally:
             board.leave(ticket)
 
@@ -196,6 +238,37 @@ class LineActivities:
         ):
             return None
         return Reassembled(chat=input.endpoint == "/v1/chat/completions")
+
+    def _kept(self, input: LineInput, line_no: int) -> Partial | None:
+        """The partial answer an earlier run of the line kept (None: none, or unreadable)."""
+        data = self.store.get_partial(input.batch_id, line_no)
+        if data is None:
+            return None
+        try:
+            return Partial.model_validate_json(data)
+        except ValueError:  # dropped (`{}`), or written by other code: the line restarts
+            return None
+
+    async def _keep(
+        self, input: LineInput, line_no: int, stream: Reassembled | None, outcome: LineOutcome
+    ) -> LineOutcome:
+        """A preempted line's end: what it generated is kept for its next run where it can
+        continue (nothing is wasted), and its cost counted."""
+        wasted = outcome.wasted_tokens
+        partial = stream.partial() if stream is not None else None
+        if partial is not None:
+            data = partial.model_dump_json().encode()
+            await self._in_thread(self.store.put_partial, input.batch_id, line_no, data)
+            wasted = 0
+        metrics.PREEMPTED_LINES.labels(input.route_id).inc()
+        metrics.WASTED_TOKENS.labels(input.route_id).inc(wasted)
+        activity.logger.info(
+            "line %d of %s preempted for live traffic (%s)",
+            line_no,
+            input.batch_id,
+            f"{partial.completion_tokens} tokens kept" if partial else f"~{wasted} tokens wasted",
+        )
+        return outcome.model_copy(update={"wasted_tokens": wasted})
 
     def _read(self, input: LineInput) -> tuple[int, bytes | None, bytes]:
         """(line number, its committed record if any, the input line) in one trip to the disk."""
@@ -369,23 +442,6 @@ def _failed(
 ) -> Answer:
     data = error_record_bytes(custom_id, code, message)
     return Answer(data, LineOutcome(line=line_no, error_code=code), retry)
-
-
-def _preempted(board: PreemptBoard, input: LineInput, line_no: int, ticket: Ticket) -> Answer:
-    """A line ended to give its seat to live traffic: nothing to commit, its cost counted."""
-    wasted = board.wasted_tokens(ticket)
-    metrics.PREEMPTED_LINES.labels(input.route_id).inc()
-    metrics.WASTED_TOKENS.labels(input.route_id).inc(wasted)
-    activity.logger.info(
-        "line %d of %s preempted for live traffic (~%d tokens wasted)",
-        line_no,
-        input.batch_id,
-        wasted,
-    )
-    outcome = LineOutcome(
-        line=line_no, error_code="preempted", preempted=True, wasted_tokens=wasted
-    )
-    return Answer(b"", outcome)
 
 
 def _reassembled(stream: Reassembled) -> bytes:

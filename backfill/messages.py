@@ -370,9 +370,10 @@ class LineOutcome(BaseModel):
     """Not committed: ended early to give its seat to live traffic; run it again, first in the
     queue, without back-off and without counting a retry."""
     wasted_tokens: int = 0
-    """With `preempted`: the tokens it had likely generated, thrown away (an estimate: its time
-    upstream × the route's tokens per second per line on that worker; 0 before a line there
-    completed)."""
+    """With `preempted`: the tokens it had generated and threw away. 0 when it kept its partial
+    answer for its next run (decision 0036); counted from the stream for a streamed line that
+    could not keep it; else an estimate (its time upstream × the route's tokens per second per
+    line on that worker; 0 before a line there completed)."""
     held: bool = False
     """With `preempted`: never sent, it waited at the worker's door (no seat free beside live
     traffic) as long as a run may wait (`activities.preemption.DOOR_LIMIT`); run it again, no

@@ -69,8 +69,15 @@ PREEMPT_WORKERS = Gauge(
 )
 WASTED_TOKENS = Counter(
     "gateway_batch_wasted_tokens_total",
-    "Tokens preempted batch lines had generated, estimated: time upstream x the route's tokens "
-    "per second per line, learned from completed lines on the same worker.",
+    "Tokens preempted batch lines had generated and threw away: 0 for a line that keeps its "
+    "partial answer (resume); counted from the stream for a streamed line that restarts; else "
+    "estimated (time upstream x the route's tokens per second per line on that worker).",
+    ["route"],
+)
+REPREFILL_TOKENS = Counter(
+    "gateway_batch_reprefill_tokens_total",
+    "Tokens sent again as prompt by resumed batch lines: the first prompt and the partial "
+    "answer, each time a preempted line continues (mostly prefix-cache hits on vLLM).",
     ["route"],
 )
 SERVER_LOAD = Gauge(

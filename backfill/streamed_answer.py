@@ -15,12 +15,21 @@ its partial answer. Its record must still be the answer the line asked for, a no
 Only lines whose answer is exactly that object are streamed (`streamable`): one choice, no log
 probabilities, no tool or function calls, no structured output, no echo. The others go upstream
 as they came, and restart when preempted.
+
+A streamed line that is preempted keeps what it generated (`Partial`, in the store); its next
+run continues it (`continued_body`: chat appends the partial assistant message with
+`continue_final_message`, completions append the text to the prompt, both lower the token
+limits by what was generated), and `Reassembled(before=partial)` joins the segments into one
+answer: the first segment's `id`, `created` and `model`, the texts joined, and the usage rule
+of `joined_usage`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+
+from pydantic import BaseModel
 
 from backfill import strict_json
 
@@ -77,12 +86,96 @@ def streamable(endpoint: str, body: dict[str, Any]) -> bool:
         return False
     if endpoint == "/v1/completions" and not isinstance(body.get("prompt"), str):
         return False  # token ids or several prompts: several choices, or no text to append
+    if endpoint == "/v1/chat/completions" and body.get("continue_final_message"):
+        messages = body.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(last, dict) or not isinstance(last.get("content"), str):
+            return False  # the partial text is appended to that message's text
     return not any(_set(name, body.get(name)) for name in RESTART_FIELDS)
 
 
 def streamed_body(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` asking for a stream with the usage in its last event."""
-    return {**body, "stream": True, "stream_options": {"include_usage": True}}
+    """`body` asking for a stream with the usage in its last event, and in every event where the
+    server can (vLLM's and SGLang's `continuous_usage_stats`: what a preempted line generated,
+    and its prompt's size, are then exact)."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    return {**body, "stream": True, "stream_options": options}
+
+
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+"""The body fields that bound an answer's tokens (lowered for a continuation)."""
+
+
+class Partial(BaseModel):
+    """What a preempted line generated so far, kept in the store between its runs."""
+
+    head: dict[str, Any]
+    """The first segment's `id`, `created`, `model` (and fingerprint, tier): the answer's."""
+    role: str = "assistant"
+    text: str
+    """The answer's text so far (chat: the message's `content`; completions: `text`)."""
+    completion_tokens: int
+    """Tokens generated so far, every segment's (each counted by the server where it said)."""
+    prompt_tokens: int | None = None
+    """The first request's prompt tokens, when the server said (None: not known yet)."""
+    segments: int = 1
+    """Requests whose text this holds."""
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def continued_body(endpoint: str, body: dict[str, Any], partial: Partial) -> dict[str, Any] | None:
+    """The body that continues `partial`; None when its token limit is already reached (the
+    answer is complete: `finished_answer`)."""
+    out = dict(body)
+    for name in TOKEN_LIMITS:
+        limit = _int(body.get(name))
+        if limit is not None:
+            if limit - partial.completion_tokens <= 0:
+                return None
+            out[name] = limit - partial.completion_tokens
+    least = _int(body.get("min_tokens"))  # vLLM's
+    if least is not None:
+        out["min_tokens"] = max(0, least - partial.completion_tokens)
+    if endpoint != "/v1/chat/completions":
+        out["prompt"] = body["prompt"] + partial.text
+        return out
+    messages = list(body["messages"])
+    if body.get("continue_final_message"):
+        last = messages[-1]
+        messages[-1] = {**last, "content": last["content"] + partial.text}
+    else:
+        messages.append({"role": partial.role, "content": partial.text})
+    out.update(messages=messages, continue_final_message=True, add_generation_prompt=False)
+    return out
+
+
+def joined_usage(
+    partial: Partial, last: dict[str, Any] | None, completion: int
+) -> dict[str, int] | None:
+    """The usage of an answer made of several segments: the prompt tokens of the first request
+    (a continuation's prompt also holds the text already generated; the user is not billed for
+    it again) and the completion tokens of every segment. `last` is the last segment's usage,
+    `completion` its completion tokens. When the first prompt's size is not known, it is the last
+    prompt's less the tokens generated before it."""
+    prompt = partial.prompt_tokens
+    if prompt is None:
+        last_prompt = _int(last.get("prompt_tokens")) if last else None
+        if last_prompt is None:
+            return None
+        prompt = max(0, last_prompt - partial.completion_tokens)
+    total = partial.completion_tokens + completion
+    return {"prompt_tokens": prompt, "completion_tokens": total, "total_tokens": prompt + total}
+
+
+def finished_answer(partial: Partial, chat: bool) -> dict[str, Any]:
+    """The answer of a line preempted once its token limit was reached."""
+    stream = Reassembled(chat, before=partial)
+    stream.finish_reason = "length"
+    stream.head = dict(partial.head)
+    return stream.answer()
 
 
 class SseLines:
@@ -115,8 +208,10 @@ class SseLines:
 class Reassembled:
     """A chat or completion stream's events, put back into the non-streamed answer."""
 
-    def __init__(self, chat: bool) -> None:
+    def __init__(self, chat: bool, before: Partial | None = None) -> None:
         self.chat = chat
+        self.before = before
+        """What earlier runs of the line generated: this stream continues it."""
         self.head: dict[str, Any] | None = None
         """`id`, `created`, `model` (and fingerprint, tier) of the first event."""
         self.role: str | None = None
@@ -219,36 +314,79 @@ class Reassembled:
         self.chars += len(value)
 
     def text(self) -> str:
-        """The answer's text so far (chat: `content`; completions: `text`)."""
+        """This stream's text so far (chat: `content`; completions: `text`)."""
         return "".join(self.fields.get("content" if self.chat else "text", ()))
+
+    def generated(self) -> int:
+        """Tokens this stream generated so far: the server's count where it sends one in every
+        event, else the events that carried text."""
+        counted = _int(self.usage.get("completion_tokens")) if self.usage else None
+        return counted if counted is not None else self.pieces
+
+    def partial(self) -> Partial | None:
+        """What the line has generated, this stream included, to continue from; None when
+        nothing new is worth keeping or it cannot be continued faithfully (text other than the
+        content, e.g. reasoning: its next run restarts, or continues what was kept before)."""
+        text = self.text()
+        if self.head is None or not text or set(self.fields) - {"content", "text"} or self.others:
+            return None
+        before = self.before
+        prompt = _int(self.usage.get("prompt_tokens")) if self.usage else None
+        if before is None:
+            return Partial(
+                head=self.head,
+                role=self.role or "assistant",
+                text=text,
+                completion_tokens=self.generated(),
+                prompt_tokens=prompt,
+            )
+        first_prompt = before.prompt_tokens
+        return before.model_copy(
+            update={
+                "text": before.text + text,
+                "completion_tokens": before.completion_tokens + self.generated(),
+                "prompt_tokens": first_prompt,
+                "segments": before.segments + 1,
+            }
+        )
 
     def answer(self) -> dict[str, Any]:
         """The non-streamed answer the events make."""
         if self.head is None:
             raise StreamError("a stream without a single event")
+        before = self.before
+        head = self.head if before is None else before.head
+        role = self.role if before is None else before.role
         choice: dict[str, Any] = {"index": 0}
+        text = self.text() if before is None else before.text + self.text()
         if self.chat:
-            message: dict[str, Any] = {"role": self.role or "assistant", "content": None}
+            message: dict[str, Any] = {"role": role or "assistant", "content": None}
             for key, pieces in self.fields.items():
                 message[key] = "".join(pieces)
+            if text or before is not None:
+                message["content"] = text
             message.update(self.others)
             choice["message"] = message
         else:
-            choice["text"] = self.text()
+            choice["text"] = text
         choice["logprobs"] = None
         choice["finish_reason"] = self.finish_reason
         if self.saw_stop_reason:
             choice["stop_reason"] = self.stop_reason
         out: dict[str, Any] = {
-            "id": self.head.get("id"),
+            "id": head.get("id"),
             "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.head.get("created"),
-            "model": self.head.get("model"),
+            "created": head.get("created"),
+            "model": head.get("model"),
             "choices": [choice],
         }
         for k in ("system_fingerprint", "service_tier"):
-            if k in self.head:
-                out[k] = self.head[k]
-        if self.usage is not None:
+            if k in head:
+                out[k] = head[k]
+        if before is not None:
+            usage = joined_usage(before, self.usage, self.generated())
+            if usage is not None:
+                out["usage"] = usage
+        elif self.usage is not None:
             out["usage"] = self.usage
         return out

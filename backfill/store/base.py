@@ -356,6 +356,16 @@ class Store(ABC):
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         """The line's committed record, whole; None if none is committed yet."""
 
+    # ---- batches: preempted lines' partial answers ----------------------------------------------
+    @abstractmethod
+    def put_partial(self, batch_id: str, line_no: int, data: bytes) -> None:
+        """Keep what a preempted line generated so far (decision 0036), replacing what was kept
+        before, whole, atomically and durably. Dropped with the batch's work."""
+
+    @abstractmethod
+    def get_partial(self, batch_id: str, line_no: int) -> bytes | None:
+        """The line's partial answer as last kept; None if none is."""
+
 
 def index_meta(offsets: array, routes: list[RouteLines]) -> bytes:
     """`index.json`: the line count and the routes' lines."""

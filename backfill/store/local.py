@@ -263,6 +263,21 @@ class FileStore(Store):
         except FileNotFoundError:
             return None
 
+    def _partial_path(self, batch_id: str, line_no: int) -> Path:
+        d = self._batch_dir(batch_id)
+        return d / "partials" / f"{line_no // 1000:05d}" / f"{line_no}.json"
+
+    def put_partial(self, batch_id: str, line_no: int, data: bytes) -> None:
+        path = self._partial_path(batch_id, line_no)
+        _mkdir(path.parent)
+        _atomic_write(path, data)
+
+    def get_partial(self, batch_id: str, line_no: int) -> bytes | None:
+        try:
+            return self._partial_path(batch_id, line_no).read_bytes()
+        except FileNotFoundError:
+            return None
+
 
 READ_HANDLES = 128
 """Files of batches' line indexes and inputs a `FileStore` keeps open for reading lines."""

@@ -549,6 +549,15 @@ class S3Store(Store):
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         return self._get(self._result_key(batch_id, line_no))
 
+    def _partial_key(self, batch_id: str, line_no: int) -> str:
+        return self._batch_key(batch_id, f"partials/{line_no // 1000:05d}/{line_no}.json")
+
+    def put_partial(self, batch_id: str, line_no: int, data: bytes) -> None:
+        self._put(self._partial_key(batch_id, line_no), data)
+
+    def get_partial(self, batch_id: str, line_no: int) -> bytes | None:
+        return self._get(self._partial_key(batch_id, line_no))
+
 
 class S3Upload(Upload):
     """Buffers up to one part in memory; from the first full part on, a multipart upload

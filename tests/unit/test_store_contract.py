@@ -264,6 +264,19 @@ def test_the_finalized_record(store: Store) -> None:
         store.write_finalized("../x", b"{}")
 
 
+def test_a_partial_answer_is_replaced_whole_and_dropped_with_the_batch(store: Store) -> None:
+    assert store.get_partial("batch_p", 3) is None
+    store.put_partial("batch_p", 3, b'{"text": "Once"}')
+    store.put_partial("batch_p", 3, b'{"text": "Once upon"}')
+    assert store.get_partial("batch_p", 3) == b'{"text": "Once upon"}'
+    assert store.get_partial("batch_p", 4) is None
+    assert store.keys("batches/batch_p/") == ["batches/batch_p/partials/00000/3.json"]
+    store.drop_batch_work("batch_p")
+    assert store.get_partial("batch_p", 3) is None
+    with pytest.raises(KeyError):
+        store.put_partial("../x", 0, b"{}")
+
+
 def test_drop_batch_work_keeps_only_the_finalized_record(store: Store) -> None:
     file_id = upload(store, b'{"a":1}\n')
     store.snapshot_input("batch_z", file_id)

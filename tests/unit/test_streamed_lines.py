@@ -4,6 +4,7 @@ on loopback as the server, the `openai` SDK as the reader of both)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +23,8 @@ from backfill.config import Settings
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import LineInput, ValidateInput
 from backfill.store import FileStore
-from backfill.streamed_answer import Reassembled, StreamError, streamable
+from backfill.streamed_answer import Partial, Reassembled, StreamError, streamable
+from tests.polling import poll_until
 from tools.sim import SimConfig, SimServer
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -119,7 +121,8 @@ async def test_a_streamed_line_is_recorded_as_the_non_streamed_answer(
     tmp_path: Path, sim: SimServer, endpoint: str, body: dict[str, Any]
 ) -> None:
     record, sent = await _run_streamed(tmp_path, sim, endpoint, body)
-    assert [(b["stream"], b["stream_options"]) for b in sent] == [(True, {"include_usage": True})]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    assert [(b["stream"], b["stream_options"]) for b in sent] == [(True, options)]
     answer = record["response"]["body"]
 
     client = openai.AsyncOpenAI(base_url=sim.base_url, api_key="x", max_retries=0)
@@ -298,3 +301,129 @@ async def test_an_error_event_mid_stream_sends_the_line_again(tmp_path: Path) ->
 
     outcome = await go()
     assert outcome.retry and store.get_result(BATCH, 0) is None
+
+
+class _Counting(httpx.AsyncBaseTransport):
+    """Real HTTP, counting the SSE events received (what the line has been sent so far)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.events = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.inner.handle_async_request(request)
+        outer, stream = self, resp.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+
+        class Body(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                async for chunk in stream:
+                    outer.events += chunk.count(b"data: {")
+                    yield chunk
+
+            async def aclose(self) -> None:
+                await stream.aclose()
+
+        return httpx.Response(resp.status_code, headers=resp.headers, stream=Body())
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+PROMPT = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+RESUMED: list[tuple[str, dict[str, Any]]] = [
+    (CHAT, {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 14}),
+    (COMPLETIONS, {"prompt": PROMPT, "max_tokens": 14}),
+]
+
+
+@MODULE_LOOP
+@pytest.mark.parametrize(("endpoint", "body"), RESUMED)
+async def test_a_line_preempted_three_times_ends_as_the_uninterrupted_answer(
+    tmp_path: Path, endpoint: str, body: dict[str, Any]
+) -> None:
+    """Each run keeps what it generated (nothing wasted) and the next continues it: one record,
+    the first run's id, the text and usage of the answer sent without interruption."""
+    config = SimConfig(model_names=["demo"], latency_ms=0, stream_token_delay_ms=50)
+    async with SimServer(config) as slow:
+        settings, store, file_id, board = _activities(tmp_path, slow, endpoint, body)
+        board.set_policy("r1", PreemptPolicy(batch_seats=1, max_preemptions=10))
+        await ActivityEnvironment().run(
+            ValidationActivities(settings, store).validate_input,
+            ValidateInput(batch_id=BATCH, input_file_id=file_id, endpoint=endpoint),
+        )
+        sent: list[dict[str, Any]] = []
+
+        async def seen(request: httpx.Request) -> None:
+            sent.append(json.loads(request.content))
+
+        transport = _Counting()
+        partials: list[Partial] = []
+        async with httpx.AsyncClient(transport=transport, event_hooks={"request": [seen]}) as http:
+            acts = LineActivities(settings, store, http, preempt=board)
+
+            def line(preemptions: int) -> LineInput:
+                return LineInput(
+                    batch_id=BATCH,
+                    input_file_id=file_id,
+                    endpoint=endpoint,  # type: ignore[arg-type]
+                    route_id="r1",
+                    route_index=0,
+                    position=0,
+                    preemptions=preemptions,
+                )
+
+            for run in range(3):
+                transport.events = 0
+                board.report("r1", "api", live=0)
+                task = asyncio.ensure_future(ActivityEnvironment().run(acts.run_line, line(run)))
+                await poll_until(
+                    lambda: transport.events,
+                    lambda n: n >= 3,
+                    timeout=20,
+                    what="a few tokens streamed",
+                    interval=0.01,
+                )
+                assert board.report("r1", "api", live=1) == 1  # live traffic needs the seat
+                outcome = await task
+                assert outcome.preempted and outcome.wasted_tokens == 0, outcome
+                kept = store.get_partial(BATCH, 0)
+                assert kept is not None
+                partials.append(Partial.model_validate_json(kept))
+            board.report("r1", "api", live=0)
+            final = await ActivityEnvironment().run(acts.run_line, line(3))
+        assert final.ok, final
+        client = openai.AsyncOpenAI(base_url=slow.base_url, api_key="x", max_retries=0)
+        if endpoint == CHAT:
+            direct: Any = await client.chat.completions.create(model="demo", **body)
+        else:
+            direct = await client.completions.create(model="demo", **body)
+        await client.close()
+
+    data = store.get_result(BATCH, 0)
+    assert data is not None
+    answer = json.loads(data)["response"]["body"]
+    if endpoint == CHAT:
+        parsed: Any = openai.types.chat.ChatCompletion.model_validate(answer)
+        text, expected = parsed.choices[0].message.content, direct.choices[0].message.content
+    else:
+        parsed = openai.types.Completion.model_validate(answer)
+        text, expected = parsed.choices[0].text, direct.choices[0].text
+    assert text == expected
+    texts = [p.text for p in partials]
+    assert all(len(a) < len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
+    assert all(text.startswith(t) for t in texts)
+    assert parsed.id == partials[0].head["id"] and parsed.created == partials[0].head["created"]
+    assert parsed.choices[0].finish_reason == direct.choices[0].finish_reason == "length"
+    assert parsed.usage.model_dump() == direct.usage.model_dump()
+    assert parsed.usage.completion_tokens == 14
+    # Each continuation: the partial answer continued, its token limit lowered.
+    assert len(sent) == 4
+    for request, partial in zip(sent[1:], partials, strict=True):
+        assert request["max_tokens"] == 14 - partial.completion_tokens
+        if endpoint == CHAT:
+            assert request["messages"][-1] == {"role": "assistant", "content": partial.text}
+            assert request["continue_final_message"] is True
+            assert request["add_generation_prompt"] is False
+        else:
+            assert request["prompt"] == PROMPT + partial.text

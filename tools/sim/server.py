@@ -367,6 +367,54 @@ def _reply(prefix: str, text: str, limit: int | None) -> tuple[list[str], str]:
     return words, "stop"
 
 
+def _pieces(words: list[str]) -> list[str]:
+    """A reply's tokens as sent: every word but the first with its leading space."""
+    return [w if j == 0 else " " + w for j, w in enumerate(words)]
+
+
+def _rest(prompt: str, partial: str) -> list[str] | None:
+    """The tokens left of the reply to `prompt` once `partial` (its first tokens) is written;
+    None when `partial` is not how that reply starts."""
+    pieces, done = _pieces(_reply("Simulated", prompt, None)[0]), ""
+    for k, piece in enumerate(pieces):
+        if done == partial:
+            return pieces[k:]
+        done += piece
+    return [] if done == partial else None
+
+
+def _continued(req: _Req, prompt: str) -> tuple[list[str], str] | None:
+    """vLLM-like continuation: the tokens that follow an answer already begun, so a reply
+    continued from any of its prefixes is the reply uninterrupted. Chat: the final message
+    continued (`continue_final_message`) answers the message before it; completions: a prompt
+    that ends with the beginning of the reply to what precedes it (`prompt + partial text`)."""
+    if req.kind == _CHAT:
+        if req.role == "assistant" and req.raw.get("continue_final_message") and len(req.texts) > 1:
+            rest = _rest(req.texts[-2], req.texts[-1])
+        else:
+            return None
+    else:
+        rest, at = None, prompt.find("Simulated")
+        while rest is None and at >= 0:
+            rest = _rest(prompt[:at], prompt[at:])
+            at = prompt.find("Simulated", at + 1)
+    if rest is None:
+        return None
+    limit = req.max_tokens
+    if limit is not None and limit < len(rest):
+        return [" " + p.lstrip(" ") for p in rest[:limit]], "length"
+    return [" " + p.lstrip(" ") for p in rest], "stop"
+
+
+def _reply_pieces(req: _Req, prompt: str) -> tuple[list[str], str]:
+    """The reply's tokens as sent (with their spaces) and its finish reason."""
+    continued = _continued(req, prompt) if req.n == 1 else None
+    if continued is not None:
+        return continued
+    words, reason = _reply("Simulated", prompt, req.max_tokens)
+    return _pieces(words), reason
+
+
 def _embedding(text: str, dim: int, seed: int) -> list[float]:
     rnd = random.Random(f"{seed}:{text}")
     vec = [rnd.uniform(-1.0, 1.0) for _ in range(dim)]
@@ -651,7 +699,7 @@ class SimApp:
             return await self._respond_response(req, prompt_tokens, hdrs, receive, send)
         chat = req.kind == _CHAT
         prompts = req.texts[-1:] if chat else req.texts
-        replies = [_reply("Simulated", p, req.max_tokens) for p in prompts]
+        replies = [_reply_pieces(req, p) for p in prompts]
         completion_tokens = n * sum(len(w) for w, _ in replies)
         st.generation_tokens += completion_tokens
         st.success_by_reason[replies[0][1]] += 1
@@ -671,7 +719,7 @@ class SimApp:
         choices = []
         pad = self.config.reply_bytes
         for i, (words, reason) in enumerate(r for r in replies for _ in range(n)):
-            text = " ".join(words)
+            text = "".join(words)
             if pad > len(text):
                 text += " " + "x" * (pad - len(text) - 1)
             body: dict[str, Any] = (
@@ -708,6 +756,10 @@ class SimApp:
         start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *hdrs]
         await send({"type": "http.response.start", "status": 200, "headers": start})
 
+        opts = req.raw.get("stream_options")
+        continuous = req.include_usage and bool(opts.get("continuous_usage_stats"))  # type: ignore[union-attr]
+        sent = 0
+
         def chunk(index: int, piece: str | None, reason: str | None = None) -> dict[str, Any]:
             if chat:
                 delta = {} if piece is None else {"content": piece}
@@ -716,14 +768,24 @@ class SimApp:
                 c: dict[str, Any] = {"index": index, "delta": delta}
             else:
                 c = {"index": index, "text": piece or ""}
-            return {**head, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
+            event = {**head, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
+            if continuous:  # vLLM's continuous_usage_stats: the counts so far in every event
+                prompt = usage["prompt_tokens"]
+                event["usage"] = {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": sent,
+                    "total_tokens": prompt + sent,
+                }
+            return event
 
         def events() -> Iterator[dict[str, Any]]:
+            nonlocal sent
             for i, (words, reason) in enumerate(r for r in replies for _ in range(req.n)):
                 if chat:
                     yield chunk(i, "")
-                for j, word in enumerate(words):
-                    yield chunk(i, word if j == 0 else " " + word)
+                for word in words:
+                    sent += 1
+                    yield chunk(i, word)
                 yield chunk(i, None, reason)
             if req.include_usage:
                 yield {**head, "choices": [], "usage": usage}
