@@ -19,31 +19,16 @@ from api.admin_batches import AdminReaderDep
 from api.deps import SettingsDep
 from api.errors import InvalidRequest
 from api.schemas import COMMON_ERRORS, error_responses
-from backfill.usage import ServiceClass, hourly_totals, read_entries
+from backfill.usage import UsageTotal, hourly_totals, read_entries
 
 router = APIRouter(
     prefix="/api/v1/admin", tags=["admin"], responses=COMMON_ERRORS | error_responses(403)
 )
 
 
-class UsageBucket(BaseModel):
-    """One hour's usage of one workspace x model x service class."""
-
-    hour: int
-    """Start of the hour, Unix seconds (UTC)."""
-    workspace: str
-    model: str
-    service_class: ServiceClass
-    """`batch` (batch line attempts) or `live` (live requests)."""
-    requests: int
-    """Upstream attempts (a line retried after a 429 counts each attempt)."""
-    prompt_tokens: int
-    completion_tokens: int
-
-
 class UsageList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[UsageBucket]
+    data: list[UsageTotal]
 
 
 @router.get("/usage", response_model=UsageList)
@@ -66,8 +51,7 @@ async def usage_totals(
 
 def usage_buckets(
     data_dir: Path, workspace: str | None, start: int | None, end: int | None
-) -> list[UsageBucket]:
+) -> list[UsageTotal]:
     """The journal's hourly totals (blocking: it reads the files). Shared with the console.
     The journal is local to each api's data directory, whichever file store is used."""
-    rows = hourly_totals(read_entries(data_dir, start, end), workspace)
-    return [UsageBucket(**vars(r)) for r in rows]
+    return hourly_totals(read_entries(data_dir, start, end), workspace)

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Literal
 
 from prometheus_client import Counter
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +92,19 @@ class UsageEntry:
 _FIELDS = frozenset(f.name for f in fields(UsageEntry))
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(use_attribute_docstrings=True))
 class UsageTotal:
-    """One hour's totals for one workspace x model x service class."""
+    """One hour's usage of one workspace x model x service class: the journal's sums, and what
+    the usage API (`GET /api/v1/admin/usage`) and the console's usage page show."""
 
     hour: int
-    """Start of the hour, Unix seconds."""
+    """Start of the hour, Unix seconds (UTC)."""
     workspace: str
     model: str
     service_class: ServiceClass
+    """`batch` (batch line attempts) or `live` (live requests)."""
     requests: int
+    """Upstream attempts (a line retried after a 429 counts each attempt)."""
     prompt_tokens: int
     completion_tokens: int
 

@@ -16,10 +16,11 @@ from typing import Annotated
 from fastapi import Query, Request
 from fastapi.responses import Response
 
-from api.admin_usage import UsageBucket, usage_buckets
+from api.admin_usage import usage_buckets
 from api.console.charts import bar_chart
 from api.console.web import SessionDep, render, router
 from api.deps import SettingsDep
+from backfill.usage import UsageTotal
 
 DAY = 86400
 SERVICE_CLASSES = ("batch", "live")
@@ -44,7 +45,7 @@ def day_of(ts: int) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
 
 
-def daily_rows(buckets: Iterable[UsageBucket]) -> list[DayRow]:
+def daily_rows(buckets: Iterable[UsageTotal]) -> list[DayRow]:
     """Hourly buckets summed per day x workspace x service class (models added up)."""
     rows: dict[tuple[str, str, str], DayRow] = {}
     for b in buckets:

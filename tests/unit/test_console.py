@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
-from api.admin_usage import UsageBucket
 from api.app import create_app
 from api.console.charts import bar_chart, route_chart
 from api.console.route_pages import field_errors, form_values, posted_values, settings_document
@@ -21,6 +20,7 @@ from api.console.usage_page import daily_rows
 from api.deps import Identity
 from backfill.config import ApiKeyConfig, Settings, hash_key
 from backfill.messages import RouteSettings
+from backfill.usage import UsageTotal
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
 
@@ -161,7 +161,7 @@ def test_bar_chart_heights_are_proportional() -> None:
 def test_usage_rows_sum_models_per_day() -> None:
     day = 86400 * 20000
     buckets = [
-        UsageBucket(
+        UsageTotal(
             hour=day + h * 3600,
             workspace="w",
             model=m,
