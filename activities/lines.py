@@ -47,7 +47,7 @@ from backfill.streamed_answer import (
     streamed_body,
 )
 from backfill.upstream_request import build_upstream_request, upstream_body
-from backfill.usage import UsageEntry, UsageJournal, new_request_id
+from backfill.usage import UsageAccount, UsageJournal, new_request_id
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 """Answers that say "not now" rather than "no": the line goes back to the queue and the route
@@ -291,19 +291,22 @@ class LineActivities:
             return
         out, body = answer.outcome, request.get("body")
         model = body.get("model") if isinstance(body, dict) else None
+        payer = UsageAccount(
+            workspace=input.workspace or "",
+            key_id=input.key_id,
+            model=model if isinstance(model, str) else "",
+            route=input.route_id,
+            service_class="batch",
+            batch_id=input.batch_id,
+        )
+        status = str(out.status_code) if out.status_code else (out.error_code or "error")
+        usage = out.usage
         self.usage.record(
-            UsageEntry(
-                at=time.time(),
-                request_id=rid,
-                workspace=input.workspace or "",
-                key_id=input.key_id,
-                model=model if isinstance(model, str) else "",
-                route=input.route_id,
-                service_class="batch",
-                status=str(out.status_code) if out.status_code else (out.error_code or "error"),
-                prompt_tokens=out.usage.input_tokens if out.usage else 0,
-                completion_tokens=out.usage.output_tokens if out.usage else 0,
-                batch_id=input.batch_id,
+            payer.entry(
+                rid,
+                status,
+                usage.input_tokens if usage else 0,
+                usage.output_tokens if usage else 0,
             )
         )
 

@@ -42,7 +42,7 @@ from backfill.endpoints import CHAT_USAGE, REGISTRY, EndpointSpec, UsageFields
 from backfill.metrics import LIVE_REQUEST_SECONDS
 from backfill.routing import choose_route
 from backfill.upstream_request import build_upstream_request, forwarded_body
-from backfill.usage import UsageEntry, UsageJournal
+from backfill.usage import UsageAccount, UsageJournal
 
 router = APIRouter(prefix="/v1", tags=["live"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)
@@ -189,22 +189,17 @@ async def _forward(
     )
     journal: UsageJournal | None = getattr(request.app.state, "usage", None)
 
+    payer = UsageAccount(
+        workspace=identity.workspace,
+        key_id=identity.key_id or None,
+        model=model.id,
+        route=route.id,
+        service_class="live",
+    )
+
     def account(status: str, prompt_tokens: int, completion_tokens: int) -> None:
         if journal is not None:
-            journal.record(
-                UsageEntry(
-                    at=time.time(),
-                    request_id=rid,
-                    workspace=identity.workspace,
-                    key_id=identity.key_id or None,
-                    model=model.id,
-                    route=route.id,
-                    service_class="live",
-                    status=status,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens,
-                )
-            )
+            journal.record(payer.entry(rid, status, prompt_tokens, completion_tokens))
 
     return UpstreamResponse(http, upstream, live, route.id, account, spec.usage)
 

@@ -92,6 +92,33 @@ class UsageEntry:
 _FIELDS = frozenset(f.name for f in fields(UsageEntry))
 
 
+@dataclass(frozen=True)
+class UsageAccount:
+    """Whom an upstream attempt is accounted to, known before it is sent; `entry` is the one
+    place an attempt's `UsageEntry` is built (a batch line's in the worker, a live request's in
+    the api)."""
+
+    workspace: str
+    key_id: str | None
+    model: str
+    route: str
+    service_class: ServiceClass
+    batch_id: str | None = None
+
+    def entry(
+        self, request_id: str, status: str, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> UsageEntry:
+        """The attempt that just ended (now), with its status and token counts."""
+        return UsageEntry(
+            at=time.time(),
+            request_id=request_id,
+            status=status,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            **asdict(self),
+        )
+
+
 @pydantic_dataclass(frozen=True, config=ConfigDict(use_attribute_docstrings=True))
 class UsageTotal:
     """One hour's usage of one workspace x model x service class: the journal's sums, and what
