@@ -2,7 +2,7 @@
 
 Platform admins list, read and control any workspace's batches; auditors list and read only
 (403 on every change). Members get 403 `insufficient_role`. The listing is `/v1/batches`'s own
-code (`batches.list_page`) with more filters; the per-batch routes are `/v1/batches`' handlers,
+code (`batch_reads.list_page`) with more filters; the per-batch routes are `/v1/batches`' handlers,
 which already let these roles see every workspace.
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated, get_args
 
 from fastapi import APIRouter, Depends, Query
 
-from api import batches
+from api import batch_reads, batches
 from api import files as files_api
 from api.deps import ClientDep, Identity, IdentityDep, StoreDep
 from api.errors import Forbidden, InvalidRequest
@@ -53,7 +53,7 @@ async def list_all_batches(
     """Every workspace's batches, newest first, filtered by workspace, status, model and
     creation time (`created_after` <= created_at < `created_before`, Unix seconds)."""
     filters = batch_filters(workspace, status, model, created_after, created_before)
-    return await batches.list_page(client, filters, after=after, limit=limit)
+    return await batch_reads.list_page(client, filters, after=after, limit=limit)
 
 
 def batch_filters(

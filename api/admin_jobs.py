@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from temporalio.client import Client, WorkflowExecution
 from temporalio.service import RPCError
 
-from api import batches, jobs
+from api import batch_reads, batches, jobs
 from api.admin_batches import AdminReaderDep, batch_filters
 from api.deps import ClientDep, Identity, StoreDep
 from api.errors import InvalidRequest
@@ -130,7 +130,7 @@ async def job_page(
     (which pins a member to its workspace)."""
     filters = job_filters(workspace, state, model)
     keep = keep_jobs(client, identity, state)
-    page = await batches.list_page(client, filters, after=after, limit=limit, keep=keep)
+    page = await batch_reads.list_page(client, filters, after=after, limit=limit, keep=keep)
     data = await asyncio.gather(*(admin_view(client, store, b) for b in page.data))
     return AdminJobList(
         data=list(data), first_id=page.first_id, last_id=page.last_id, has_more=page.has_more

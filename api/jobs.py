@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from temporalio.client import Client, WorkflowExecution
 
-from api import admission, audit, batches
+from api import admission, audit, batch_reads, batches
 from api.admission import Pinned
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
@@ -173,7 +173,9 @@ async def list_jobs(
 ) -> JobList:
     """The caller's workspace's jobs, newest first (`after`: the last id of the previous page)."""
     query = f"{sa.WORKSPACE.name} = '{sa.quote(identity.workspace)}'"
-    page = await batches.list_page(client, query, after=after, limit=limit, keep=is_job_execution)
+    page = await batch_reads.list_page(
+        client, query, after=after, limit=limit, keep=is_job_execution
+    )
     jobs = await asyncio.gather(*(view(store, b) for b in page.data))
     return JobList(
         data=list(jobs), first_id=page.first_id, last_id=page.last_id, has_more=page.has_more

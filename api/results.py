@@ -37,7 +37,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 
-from api.batches import _describe
+from api.batch_reads import describe_batch
 from api.deps import ClientDep, IdentityDep, StoreDep
 from api.errors import InvalidRequest, NotFound
 from api.schemas import COMMON_ERRORS, error_responses
@@ -159,7 +159,7 @@ async def batch_results(
 ) -> Response:
     """Extension: the batch's result records committed so far, from the cursor `after`."""
     cursor = Cursor.parse(after)
-    desc = await _describe(client, identity, batch_id)
+    desc = await describe_batch(client, identity, batch_id)
     identity.require_content()
     running = desc.status in (
         WorkflowExecutionStatus.RUNNING,

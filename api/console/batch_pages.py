@@ -14,7 +14,7 @@ from typing import Annotated, Literal, get_args
 from fastapi import Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from api import batches, files
+from api import batch_reads, batches, files
 from api.admin_batches import batch_filters
 from api.console.web import SessionDep, checked_form, render, router
 from api.deps import ClientDep, SettingsDep, StoreDep
@@ -82,7 +82,7 @@ async def batches_page(
     # A member sees its own workspace only, whatever the query says.
     ws = (workspace or None) if identity.can_see(None) else identity.workspace
     filters = batch_filters(ws, status or None, model or None)
-    page = await batches.list_page(client, filters, after=after, limit=limit)
+    page = await batch_reads.list_page(client, filters, after=after, limit=limit)
     rows = await asyncio.gather(*(_with_reasons(client, session, b) for b in page.data))
     return render(
         request,

@@ -46,9 +46,9 @@ def ends_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
     async def load(client: Any, batch_id: str, desc: Any = None) -> Loaded:
         return Loaded(next(reads))
 
-    monkeypatch.setattr(batches, "_describe", describe)
-    monkeypatch.setattr(batches, "_load", load)
-    monkeypatch.setattr(batches, "_workspace", lambda desc: "w")
+    monkeypatch.setattr(batches, "describe_batch", describe)
+    monkeypatch.setattr(batches, "load_batch", load)
+    monkeypatch.setattr(batches, "workspace_of", lambda desc: "w")
 
 
 MEMBER = Identity(workspace="w", role="member", key_name="k")

@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecution
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from api import batches
+from api import batch_reads
 from api.errors import InvalidRequest
 from backfill import search_attributes as sa
 from backfill.batches import Batch
@@ -62,7 +62,7 @@ async def _listed(client: Client, batch_id: str, statuses: Any = None) -> Batch:
 async def test_pages_read_about_a_page_each(
     temporal_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(batches, "_load_or_stub", _listed)
+    monkeypatch.setattr(batch_reads, "load_or_stub", _listed)
     workspace = f"list-{uuid.uuid4().hex[:8]}"
     queue = f"tq-list-{workspace}"  # no worker: the batches just stay running
     newest = int(time.time()) - 60
@@ -107,7 +107,7 @@ async def test_pages_read_about_a_page_each(
         after = None
         while True:
             counting.rows = 0
-            page = await batches.list_page(
+            page = await batch_reads.list_page(
                 counting,  # type: ignore[arg-type]
                 filters,
                 after=after,
@@ -122,7 +122,7 @@ async def test_pages_read_about_a_page_each(
         # A page reads at most two windows of 4 x (limit + 1) rows, plus its cursor's own row.
         assert most <= 2 * 4 * (LIMIT + 1) + 1, most
         with pytest.raises(InvalidRequest):
-            await batches.list_page(temporal_client, filters, after="batch_nope", limit=LIMIT)
+            await batch_reads.list_page(temporal_client, filters, after="batch_nope", limit=LIMIT)
     finally:
         for i in range(0, len(handles), 50):
             await asyncio.gather(*(h.terminate("test over") for h in handles[i : i + 50]))

@@ -1,0 +1,225 @@
+"""Where a batch's state is read from, for every api route that shows batches: the workflow's
+query, its result once completed, Temporal's record of it when no worker answers (marked stale),
+and the listings' pages (by windows of creation time). No routes here: `api/batches.py` has the
+OpenAI routes, `api/results.py`, `api/jobs.py` and the admin listings read through this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, get_args
+
+from pydantic import ValidationError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from api.deps import Identity
+from api.errors import InvalidRequest, NotFound
+from api.history_view import QUICK_QUERY, quick_query, started_input
+from api.schemas import BatchList
+from backfill import search_attributes as sa
+from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
+from backfill.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, initial_batch
+from backfill.messages import BatchInput
+from backfill.progress import add_route_reasons
+from backfill.refs import BatchWorkflow
+
+log = logging.getLogger(__name__)
+
+
+LIST_FIRST_WINDOW_SECONDS = 3600
+"""A listing reads batches by windows of creation time, newest first, starting with this one."""
+
+
+def list_window_rows(limit: int) -> int:
+    """Most rows one window of a listing reads: a window counted above this is halved first
+    (down to one second), so a page reads a few times `limit` rows, not every batch kept."""
+    return 4 * (limit + 1)
+
+
+async def list_page(
+    client: Client,
+    filters: str,
+    *,
+    after: str | None,
+    limit: int,
+    keep: Callable[[WorkflowExecution], Awaitable[bool]] | None = None,
+) -> BatchList:
+    """One page of the batches matching `filters` (a visibility query, or ""), and `keep` if
+    given, newest first with a stable `after` cursor. Shared by `/v1/batches`, the admin
+    listing and `/gateway/v1/batches`.
+
+    SQL visibility ignores ORDER BY, so the order is made here, by (created_at, id), from
+    windows of `BackfillCreatedAt` read newest first: each window is counted before it is
+    read and halved while it holds more than `list_window_rows`, and the next, older window
+    is read only while the page is not full. A request reads about the page, not every batch
+    the workspace keeps."""
+    base = "WorkflowType = 'BatchWorkflow'" + (f" AND {filters}" if filters else "")
+    below: tuple[int, str] | None = None
+    if after is not None:
+        found = await _rows(client, f"{base} AND WorkflowId = '{sa.quote(after)}'", keep)
+        if not found:
+            raise InvalidRequest(f"No such batch for 'after': {after}", param="after")
+        below = found[0]
+    rows: list[tuple[int, str]] = []
+    width = LIST_FIRST_WINDOW_SECONDS
+    hi = below[0] if below is not None else None
+    while True:
+        lo = (hi if hi is not None else int(time.time())) - width + 1
+        window = f"{base} AND {sa.CREATED_AT.name} >= {lo}"
+        if hi is not None:
+            window += f" AND {sa.CREATED_AT.name} <= {hi}"
+        counted = (await client.count_workflows(window)).count
+        if counted > list_window_rows(limit) and width > 1:
+            width //= 2
+            continue
+        got = await _rows(client, window, keep)
+        rows += sorted((r for r in got if below is None or r < below), reverse=True)
+        if len(rows) > limit:
+            break
+        older = f"{base} AND {sa.CREATED_AT.name} < {lo}"
+        if (await client.count_workflows(older)).count == 0:
+            break
+        hi = lo - 1
+        if counted < limit:
+            width *= 4
+    page = rows[:limit]
+    statuses: dict[str, asyncio.Task[Any]] = {}
+    batches = await asyncio.gather(
+        *(load_or_stub(client, batch_id, statuses) for _, batch_id in page)
+    )
+    return BatchList(
+        data=batches,
+        first_id=batches[0].id if batches else None,
+        last_id=batches[-1].id if batches else None,
+        has_more=len(rows) > limit,
+    )
+
+
+async def _rows(
+    client: Client, query: str, keep: Callable[[WorkflowExecution], Awaitable[bool]] | None
+) -> list[tuple[int, str]]:
+    """(created_at, id) of each batch the query finds (its current run only), kept by `keep`."""
+    rows: dict[str, tuple[int, str]] = {}
+    async for ex in client.list_workflows(query, page_size=1000):
+        if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            continue
+        if keep is not None and not await keep(ex):
+            continue
+        created = ex.typed_search_attributes.get(sa.CREATED_AT) or 0
+        rows[ex.id] = (int(created), ex.id)
+    return list(rows.values())
+
+
+async def describe_batch(
+    client: Client, identity: Identity, batch_id: str
+) -> WorkflowExecutionDescription:
+    not_found = NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+    if not batch_id.startswith("batch_"):
+        raise not_found
+    try:
+        desc = await client.get_workflow_handle(batch_id).describe()
+    except RPCError as err:
+        if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+            raise not_found from None
+        raise
+    if desc.workflow_type != "BatchWorkflow" or not identity.can_see(
+        desc.typed_search_attributes.get(sa.WORKSPACE)
+    ):
+        raise not_found
+    return desc
+
+
+async def load_batch(
+    client: Client, batch_id: str, desc: WorkflowExecutionDescription | None = None
+) -> Batch:
+    """The Batch object: the result of a completed workflow, else the workflow's own query,
+    else (no worker answers within `QUICK_QUERY`) Temporal's record of it, marked stale."""
+    handle = client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
+    if desc is None:
+        desc = await handle.describe()
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        return await handle.result()
+    try:
+        batch = await quick_query(handle, BatchWorkflow.describe)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise
+        log.warning("batch %s from Temporal's record (query unanswered: %s)", batch_id, err)
+        batch = await recorded_batch(client, desc)
+    if desc.status in (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CANCELED):
+        # Stopped from outside (Temporal UI / CLI): no files were assembled.
+        if batch.status not in TERMINAL_STATUSES:
+            batch.status = "cancelled"
+            batch.cancelled_at = int(desc.close_time.timestamp()) if desc.close_time else None
+    elif desc.status in (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TIMED_OUT):
+        if batch.status not in TERMINAL_STATUSES:
+            batch.status = "failed"
+            batch.failed_at = int(desc.close_time.timestamp()) if desc.close_time else None
+    return batch
+
+
+async def recorded_batch(client: Client, desc: WorkflowExecutionDescription) -> Batch:
+    """The batch as Temporal records it without a worker: the current run's input (the batch
+    as created, or as carried across its last continue-as-new), overlaid with the compact status
+    the workflow wrote to its memo at its last status change (status, counts, times), else the
+    status in its search attribute (runs started before the memo was written)."""
+    inp = await started_input(client, desc.id, BatchInput)
+    batch = inp.state.batch.model_copy(deep=True) if inp.state else initial_batch(inp)
+    memo = await desc.memo_value(STATUS_MEMO, None)
+    if isinstance(memo, dict):
+        known = {k: v for k, v in memo.items() if k in STATUS_MEMO_FIELDS}
+        try:
+            batch = Batch.model_validate({**batch.model_dump(), **known})
+        except ValidationError as err:
+            log.warning("batch %s: unreadable status memo: %s", desc.id, err)
+    status = desc.typed_search_attributes.get(sa.STATUS)
+    if not isinstance(memo, dict) and status in get_args(BatchStatus):
+        batch.status = status  # type: ignore[assignment]
+    batch.backfill.stale = True
+    batch.backfill.summary = "Status as last recorded: no worker is answering for this batch"
+    return batch
+
+
+async def load_or_stub(
+    client: Client, batch_id: str, statuses: dict[str, asyncio.Task[Any]]
+) -> Batch:
+    """For listings: each batch as `GET /v1/batches/{id}` shows it (with why its lines wait).
+    One batch that cannot be read right now must not fail the whole page; it is listed from
+    its search attributes instead."""
+    try:
+        desc = await client.get_workflow_handle(batch_id).describe()
+        batch = await load_batch(client, batch_id, desc)
+        if batch.status not in TERMINAL_STATUSES and not batch.backfill.stale:
+            # Bounded: a busy scheduler leaves the reason out of a listing, never slows it.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(QUICK_QUERY.total_seconds()):
+                    await add_route_reasons(client, batch, desc, statuses)
+        return batch
+    except Exception as err:
+        log.warning("listing %s from its search attributes: %s", batch_id, err)
+        desc = await client.get_workflow_handle(batch_id).describe()
+        attrs = desc.typed_search_attributes
+        created = attrs.get(sa.CREATED_AT) or int(desc.start_time.timestamp())
+        status = attrs.get(sa.STATUS) or "in_progress"
+        return Batch(
+            id=batch_id,
+            endpoint=attrs.get(sa.ENDPOINT) or "",
+            input_file_id="",
+            completion_window="",
+            status=status if status in get_args(BatchStatus) else "in_progress",  # type: ignore[arg-type]
+            created_at=int(created),
+        )
+
+
+def workspace_of(desc: WorkflowExecutionDescription) -> str:
+    return desc.typed_search_attributes.get(sa.WORKSPACE) or ""
