@@ -225,14 +225,15 @@ class LineActivities:
         self, route: RouteConfig, input: LineInput, request: dict[str, Any]
     ) -> Reassembled | None:
         """Where a line that goes upstream streamed is put back together (None: it goes as it
-        came). Streamed: a line that may be preempted (its route's preemption is on, on this
-        worker's board), on a self-hosted route, whose answer a stream rebuilds exactly
+        came). Streamed: a line that may be preempted and resumed (its route's preemption is on
+        with `resume`, on this worker's board), on a self-hosted route, whose answer a stream
+        rebuilds exactly
         (`backfill.streamed_answer`, decision 0036)."""
         body = request.get("body")
         if (
             self.preempt is None
             or route.provider != "vllm"
-            or not self.preempt.preempts(input.route_id)
+            or not self.preempt.resumes(input.route_id)
             or not isinstance(body, dict)
             or not streamable(input.endpoint, body)
         ):

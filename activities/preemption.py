@@ -214,10 +214,11 @@ class PreemptBoard:
     def policy(self, route: str) -> PreemptPolicy | None:
         return self._current(self._route(route))[1]
 
-    def preempts(self, route: str) -> bool:
-        """Whether the route's preemption is on (its scheduler's policy), reports or not: a line
-        sent now may be preempted before it ends."""
-        return self._route(route).policy is not None
+    def resumes(self, route: str) -> bool:
+        """Whether the route's preemption is on with `resume` (its scheduler's policy), reports
+        or not: a line sent now may be preempted before it ends, and would continue."""
+        policy = self._route(route).policy
+        return policy is not None and policy.resume
 
     def held_back(self, route: str) -> int:
         """Seats held back from `route`'s batch lines for its live-latency target now."""

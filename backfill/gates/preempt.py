@@ -39,6 +39,12 @@ class Preempt(BaseModel):
     """The live time to first token (ms) the route promises: while the api processes measure
     more (p90 of their streamed requests over the last seconds), more seats are held back from
     batch lines (None: `keep_free` only)."""
+    resume: bool = True
+    """A preempted line keeps what it generated and its next run continues it (decision 0036):
+    its lines go upstream streamed, and the server must continue an answer (vLLM, SGLang:
+    `continue_final_message`). Lines whose continuation would not be the same answer (several
+    choices, log probabilities, tools, structured output, `echo`, `best_of`) restart anyway.
+    False: every preempted line restarts."""
 
 
 class PreemptPolicy(BaseModel):
@@ -52,6 +58,8 @@ class PreemptPolicy(BaseModel):
     max_preemptions: int
     ttft_target_ms: int | None = None
     """`live_ttft_target_ms` (None: no target, nothing held back beyond `keep_free`)."""
+    resume: bool = True
+    """`resume`: preempted lines continue where they stopped."""
 
 
 def policy(seat_aware: SeatAware | None, preempt: Preempt | None) -> PreemptPolicy | None:
@@ -62,6 +70,7 @@ def policy(seat_aware: SeatAware | None, preempt: Preempt | None) -> PreemptPoli
         batch_seats=seat_aware.seats - seat_aware.keep_free,
         max_preemptions=preempt.max_preemptions,
         ttft_target_ms=preempt.live_ttft_target_ms,
+        resume=preempt.resume,
     )
 
 
@@ -116,6 +125,7 @@ ENTRY = GateEntry(
     summary=lambda s: (
         f"at most {s.max_preemptions} times a line"
         + (f", live TTFT target {s.live_ttft_target_ms} ms" if s.live_ttft_target_ms else "")
+        + ("" if s.resume else ", preempted lines restart")
     ),
     form=(
         FormField("max_preemptions", "Preemptions per line (blank: off)"),

@@ -79,7 +79,8 @@ def test_excess_and_the_door_share_the_seats_of_seat_aware_admission() -> None:
 def test_the_setting_is_off_by_default_and_validated() -> None:
     assert RouteSettings().model_dump()["preempt"] is None
     s = RouteSettings.model_validate({"preempt": {"max_preemptions": 3}})
-    assert s.model_dump()["preempt"] == {"max_preemptions": 3, "live_ttft_target_ms": None}
+    expected = {"max_preemptions": 3, "live_ttft_target_ms": None, "resume": True}
+    assert s.model_dump()["preempt"] == expected
     with pytest.raises(ValueError, match="max_preemptions"):
         RouteSettings.model_validate({"preempt": {"max_preemptions": 0}})
 

@@ -75,10 +75,11 @@ def _activities(tmp_path: Path, sim: SimServer, endpoint: str, body: dict[str, A
 
 
 async def _run_streamed(
-    tmp_path: Path, sim: SimServer, endpoint: str, body: dict[str, Any]
+    tmp_path: Path, sim: SimServer, endpoint: str, body: dict[str, Any], resume: bool = True
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The line's record, and the bodies the simulator was sent for it."""
     settings, store, file_id, board = _activities(tmp_path, sim, endpoint, body)
+    board.set_policy("r1", POLICY.model_copy(update={"resume": resume}))
     out = await ActivityEnvironment().run(
         ValidationActivities(settings, store).validate_input,
         ValidateInput(batch_id=BATCH, input_file_id=file_id, endpoint=endpoint),
@@ -146,6 +147,16 @@ async def test_a_streamed_line_is_recorded_as_the_non_streamed_answer(
     for obj in (raw, answer):
         obj.pop("id"), obj.pop("created")
     assert answer == raw
+
+
+@MODULE_LOOP
+async def test_a_route_whose_lines_restart_sends_them_as_they_came(
+    tmp_path: Path, sim: SimServer
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hi there"}]}
+    record, sent = await _run_streamed(tmp_path, sim, CHAT, body, resume=False)
+    assert "stream" not in sent[0] and "stream_options" not in sent[0]
+    assert record["response"]["body"]["object"] == "chat.completion"
 
 
 @MODULE_LOOP
