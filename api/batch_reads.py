@@ -97,12 +97,7 @@ async def list_page(
     batches = await asyncio.gather(
         *(load_or_stub(client, batch_id, statuses) for _, batch_id in page)
     )
-    return BatchList(
-        data=batches,
-        first_id=batches[0].id if batches else None,
-        last_id=batches[-1].id if batches else None,
-        has_more=len(rows) > limit,
-    )
+    return BatchList.of(batches, has_more=len(rows) > limit)
 
 
 async def _rows(

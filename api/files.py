@@ -186,12 +186,7 @@ def file_page(
             raise InvalidRequest(f"No such File object for 'after': {after}", param="after")
         files = files[ids.index(after) + 1 :]
     page = files[:limit]
-    return FileList(
-        data=[FileObject.of(f) for f in page],
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(files) > limit,
-    )
+    return FileList.of([FileObject.of(f) for f in page], has_more=len(files) > limit)
 
 
 @router.get("/{file_id}", response_model=FileObject, responses=error_responses(404))

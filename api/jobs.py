@@ -177,9 +177,7 @@ async def list_jobs(
         client, query, after=after, limit=limit, keep=is_job_execution
     )
     jobs = await asyncio.gather(*(view(store, b) for b in page.data))
-    return JobList(
-        data=list(jobs), first_id=page.first_id, last_id=page.last_id, has_more=page.has_more
-    )
+    return JobList.of(list(jobs), has_more=page.has_more)
 
 
 @router.get("/{job_id}", response_model=Job, responses=error_responses(404))

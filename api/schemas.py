@@ -7,7 +7,8 @@ The Batch object itself is `backfill.batches.Batch`, shared with the workflows t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from operator import attrgetter
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -103,14 +104,35 @@ class FileObject(BaseModel):
         return cls.model_validate(stored.model_dump(exclude={"workspace"}))
 
 
-class FileList(BaseModel):
+Item = TypeVar("Item")
+_id = attrgetter("id")
+
+
+class ListPage(BaseModel, Generic[Item]):
+    """One page of a listing, OpenAI's way: its objects, the first and last ids (`after` for
+    the next page) and whether more follow. Every listing's model is one of these."""
+
     model_config = _Output
 
     object: Literal["list"] = "list"
-    data: list[FileObject]
+    data: list[Item]
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool
+
+    @classmethod
+    def of(cls, data: list[Item], *, has_more: bool) -> Self:
+        """The page of these objects (each has an `id`)."""
+        return cls(
+            data=data,
+            first_id=_id(data[0]) if data else None,
+            last_id=_id(data[-1]) if data else None,
+            has_more=has_more,
+        )
+
+
+class FileList(ListPage[FileObject]):
+    pass
 
 
 class FileDeleted(BaseModel):
@@ -171,14 +193,8 @@ class CreateBatch(BaseModel):
     """OpenAI's expiration policy for the output and error files (default: kept until deleted)."""
 
 
-class BatchList(BaseModel):
-    model_config = _Output
-
-    object: Literal["list"] = "list"
-    data: list[Batch]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool
+class BatchList(ListPage[Batch]):
+    pass
 
 
 # ---- management API: batch scheduling ----------------------------------------------------------
@@ -255,14 +271,8 @@ class CreateJob(BaseModel):
     values of at most 512; the key `backfill_job` is reserved."""
 
 
-class JobList(BaseModel):
-    model_config = _Output
-
-    object: Literal["list"] = "list"
-    data: list[Job]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool
+class JobList(ListPage[Job]):
+    pass
 
 
 class JobIdentity(BaseModel):
@@ -288,14 +298,8 @@ class AdminJob(Job):
     identity: JobIdentity
 
 
-class AdminJobList(BaseModel):
-    model_config = _Output
-
-    object: Literal["list"] = "list"
-    data: list[AdminJob]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool
+class AdminJobList(ListPage[AdminJob]):
+    pass
 
 
 __all__ = [
