@@ -73,6 +73,13 @@ class Lane(BaseModel):
     """Runs ended early to give their seat to live traffic (preemptive yield), each run again."""
     wasted_tokens: int = 0
     """Tokens those runs had generated, thrown away (the workers' estimates, summed)."""
+    line_seconds: float | None = None
+    """Mean seconds a finished line held its slot (workflow time, start to outcome); None
+    until one finished. The scheduler judges the batch's deadline by it."""
+    timed_lines: int = 0
+    """Finished lines in `line_seconds`."""
+    reported_timed_lines: int = 0
+    """`timed_lines` when the demand last carried `line_seconds` (0: it never did)."""
 
     @classmethod
     def from_assignment(cls, a: RouteAssignment) -> Lane:
@@ -124,6 +131,12 @@ class Lane(BaseModel):
         self.finished += 1
         self.backoff_level = 0
 
+    def time_line(self, seconds: float) -> None:
+        """A finished line held its slot `seconds`: into the running mean."""
+        n = self.timed_lines
+        self.line_seconds = ((self.line_seconds or 0.0) * n + max(seconds, 0.0)) / (n + 1)
+        self.timed_lines = n + 1
+
     def back_off(self, now: float, retry_after: float | None = None) -> None:
         """429/503/refused: no new line on this route for a while (doubling, capped), or for
         the upstream's Retry-After when given and longer."""
@@ -173,5 +186,28 @@ def demand_to_report(lane: Lane, *, halt: bool) -> int | None:
     if wanted >= lane.allotment:
         return None
     if wanted <= lane.reported * 3 // 4:
+        return wanted
+    return None
+
+
+def pace_to_report(lane: Lane, *, halt: bool) -> int | None:
+    """A demand worth reporting, beyond `demand_to_report`'s, for the scheduler to judge the
+    batch's deadline (deadline-aware shares, docs/decisions/0038): the lines not finished, once
+    the first line has finished, when they fell by a quarter since the last report (even while
+    the allotment is below them), or when twice as many lines have finished since the mean line
+    time was last reported. None: nothing worth saying (nor while `halt`: no line may start,
+    whatever the deadline). Logarithmic in the lines, as `demand_to_report`.
+
+    Decided by counts alone, never by `line_seconds`: the mean is workflow time measured
+    between activations, and whether a report (an activity) is scheduled must be the same on
+    every replay, whatever time each activation saw. The mean is only the report's payload."""
+    if halt or lane.reported is None or lane.timed_lines == 0:
+        return None
+    wanted = lane.running + lane.pending_count()
+    if wanted <= 0:
+        return None
+    if lane.reported_timed_lines == 0 or wanted <= lane.reported * 3 // 4:
+        return wanted
+    if lane.timed_lines >= 2 * lane.reported_timed_lines:
         return wanted
     return None

@@ -119,6 +119,10 @@ class BatchSlot(BaseModel):
     """Arrival sequence (queue order among equals)."""
     weight: int = 1
     """Share weight of the batch's workspace, as its last demand said."""
+    expires_at: float | None = None
+    """When the batch expires (Unix seconds), as its demand said (None: not said)."""
+    line_seconds: float | None = None
+    """Seconds a line of the batch holds a slot, as its last demand that said so measured."""
 
 
 class SchedulerInput(BaseModel):
@@ -388,6 +392,10 @@ class DemandInput(BaseModel):
     workspace: str
     wanted: int
     epoch: int = 0
+    expires_at: float | None = None
+    """Passed on in the `Demand` (deadline-aware shares)."""
+    line_seconds: float | None = None
+    """Passed on in the `Demand` (deadline-aware shares)."""
 
 
 class FinalizeInput(BaseModel):
@@ -461,6 +469,13 @@ class Demand(BaseModel):
     next allotment is never mistaken for a stale one."""
     weight: int = 1
     """Share weight of the batch's workspace (from the config when the demand is sent)."""
+    expires_at: float | None = None
+    """When the batch expires (Unix seconds): with `line_seconds`, the scheduler can tell a
+    batch whose fair share would not finish in time (deadline-aware shares, decision 0038).
+    None: not said (older batches)."""
+    line_seconds: float | None = None
+    """Mean seconds the batch's lines on this route have held a slot so far (None: no line has
+    finished yet, or not said)."""
 
 
 class Allotment(BaseModel):

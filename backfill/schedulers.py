@@ -45,5 +45,7 @@ async def signal_demand(client: Client, settings: Settings, input: DemandInput) 
         wanted=input.wanted,
         epoch=input.epoch,
         weight=settings.workspace_limits(input.workspace).share_weight,
+        expires_at=input.expires_at,
+        line_seconds=input.line_seconds,
     )
     await start_scheduler(client, settings, input.route_id, demand)

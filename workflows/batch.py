@@ -192,6 +192,7 @@ class BatchWorkflow:
 
     async def _run_line(self, lane: Lane, position: int, tries: Tries) -> None:
         line = line_activity.line_input(self._input, self._b, lane, position, tries)
+        started = workflow.now().timestamp()
         try:
             outcome = await line_activity.run_line(self._input, line)
         except ActivityError as err:
@@ -224,6 +225,7 @@ class BatchWorkflow:
                     await self._schedulers.rate_limited(lane, outcome.retry_after)
             else:
                 lane.finish()
+                lane.time_line(workflow.now().timestamp() - started)
                 self._lines_this_run += 1
                 tally_line(self._b, outcome)  # progress only: see `_finish`
         finally:
@@ -256,6 +258,7 @@ class BatchWorkflow:
             self._lanes,
             halt=lambda: halt and not self._draining,
             quiet=lambda: self._quiet,
+            expires_at=self._b.expires_at,
         )
 
     @workflow.signal

@@ -9,6 +9,12 @@ default), then an even one across the batches of each workspace, never more than
 wants. Slots that cannot be split evenly go one each to the workspace / batch with the fewest
 lines running, then the one served least recently, then the smallest name.
 
+``deadline_shares`` is ``fair_shares`` with deadlines heeded inside each workspace: a batch whose
+fair share cannot finish its lines before its ``expires_at`` (at the pace its lines have taken)
+is given, earliest deadline first, the slots it needs to finish in time out of what the other
+batches can spare; the rest of the workspace's share is split as before. Workspaces' shares are
+unchanged (docs/decisions/0038).
+
 ``plan_step`` moves current allotments toward those targets without ever letting the slots held
 exceed the cap: shrinks keep their slots held until the batch acknowledges them, raises only use
 free slots.
@@ -20,7 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["Claim", "Holding", "Step", "fair_shares", "fairness_order", "plan_step"]
+__all__ = [
+    "Claim",
+    "Holding",
+    "Step",
+    "deadline_shares",
+    "fair_shares",
+    "fairness_order",
+    "plan_step",
+    "slots_to_finish",
+]
 
 _Key = tuple[int, int, str]
 
@@ -39,6 +54,11 @@ class Claim:
     """Sequence number of the batch's last allotment increase; 0 = never. Smaller wins ties."""
     weight: int = 1
     """Share weight of the batch's workspace (>= 1; if its batches disagree, the largest)."""
+    expires_at: float | None = None
+    """When the batch expires (Unix seconds); None: no deadline to heed."""
+    line_seconds: float | None = None
+    """Seconds one of its lines holds a slot, as its lines have taken so far (None or <= 0:
+    not known yet, so its deadline cannot be judged and it keeps its fair share)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +152,56 @@ def fair_shares(cap: int, claims: Sequence[Claim]) -> dict[str, int]:
         keys = [_batch_key(c) for c in members]
         for claim, got in zip(members, _water_fill(share, demands, keys), strict=True):
             result[claim.batch_id] = got
+    return result
+
+
+def slots_to_finish(claim: Claim, now: float) -> int | None:
+    """The fewest slots with which the batch's ``wanted`` lines all end by its ``expires_at``,
+    lines taking ``line_seconds`` each and running in rounds (with s slots, ceil(wanted / s)
+    rounds); ``wanted`` itself when fewer than one round fits before the deadline (no share is
+    enough). None when it cannot be judged: no deadline, no known pace, or nothing wanted."""
+    wanted = max(claim.wanted, 0)
+    if claim.expires_at is None or not claim.line_seconds or claim.line_seconds <= 0:
+        return None
+    if wanted == 0:
+        return None
+    rounds = int((claim.expires_at - now) // claim.line_seconds)
+    if rounds <= 0:
+        return wanted
+    return -(-wanted // rounds)
+
+
+def deadline_shares(cap: int, claims: Sequence[Claim], now: float) -> dict[str, int]:
+    """``fair_shares`` with deadlines heeded within each workspace, as of ``now`` (Unix seconds).
+
+    A batch is at risk when its fair share is below ``slots_to_finish``: at that share it cannot
+    finish before it expires. In a workspace with a batch at risk, each batch not at risk first
+    keeps the slots it needs to finish in time (never more than its fair share, so they always
+    fit); then the batches at risk take, by earliest ``expires_at`` (then the fair remainder
+    order), the slots they need out of what is left, as far as it goes; the rest is split fairly
+    over every batch's remaining demand. So a batch at risk takes only what others can spare, and
+    none is pushed at risk by it. A workspace without a batch at risk keeps its fair split, and
+    each workspace's total is its fair share: across workspaces the weighted fair share holds."""
+    fair = fair_shares(cap, claims)
+    result = dict(fair)
+    for members in _group(claims).values():
+        needs = {c.batch_id: slots_to_finish(c, now) for c in members}
+        at_risk = [
+            c for c in members if (n := needs[c.batch_id]) is not None and fair[c.batch_id] < n
+        ]
+        if not at_risk:
+            continue
+        risky = {c.batch_id for c in at_risk}
+        given = {c.batch_id: 0 if c.batch_id in risky else needs[c.batch_id] or 0 for c in members}
+        left = sum(fair[c.batch_id] for c in members) - sum(given.values())
+        for c in sorted(at_risk, key=lambda c: (c.expires_at or 0.0, _batch_key(c))):
+            take = min(needs[c.batch_id] or 0, max(c.wanted, 0), left)
+            given[c.batch_id] = take
+            left -= take
+        rest = [max(c.wanted, 0) - given[c.batch_id] for c in members]
+        split = _water_fill(left, rest, [_batch_key(c) for c in members])
+        for c, extra in zip(members, split, strict=True):
+            result[c.batch_id] = given[c.batch_id] + extra
     return result
 
 

@@ -79,6 +79,20 @@ worker returned before. Old branch (unreachable in recorded histories): it was t
 preemption, counted in `Tries.preempted` and the lane's `preempted_lines`. History:
 `batch_held_at_door.v1`."""
 
+DEADLINE_PACE_COUNTED = "deadline-pace-counted"
+"""A batch's demand carries its `expires_at` and the lane's mean line time (`Lane.line_seconds`),
+and is also reported when the scheduler's view of them is out of date
+(`backfill.lanes.pace_to_report`: the first line finished, the lines left fallen by a quarter,
+twice the lines finished since the mean was last reported), so the route scheduler can heed the
+deadline (`deadline-aware-shares`, docs/decisions/0038). Asked where a demand is reported or
+would be only for this. Old branch: the demand said neither, and was reported only as
+`demand_to_report` says. History: `batch_pace_counted.v1`.
+
+Never to be reused: `deadline-pace-reported`, the id of a first version (never released, main
+only from 14:42 to its revert on 2026-12-02) that also reported when the mean line time moved by
+a quarter. Whether it scheduled a report then depended on the times the activations saw, and a
+replay on another worker failed with a nondeterminism error (docs/decisions/0038)."""
+
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""
@@ -99,6 +113,15 @@ could only wait at a worker's door are not allotted. Asked the first time a work
 seats held back, which no worker did before: every older history replays without it. Old
 branch (unreachable in recorded histories): the allotment followed `seats − keep_free` only.
 History: `route_scheduler_held_back.v1`."""
+
+DEADLINE_AWARE_SHARES = "deadline-aware-shares"
+"""Within a workspace, a batch whose fair share cannot finish its lines before it expires (its
+demand says when it expires and how long its lines take) is given, earliest deadline first, the
+slots it needs; the rest of the workspace's share is split fairly (`fairness.deadline_shares`,
+docs/decisions/0038). Asked only when those targets differ from the fair ones, which needs a
+demand carrying a deadline and a pace, which no batch sent before: every older history replays
+without it. Old branch (unreachable in recorded histories): fair shares whatever the deadlines.
+History: `route_scheduler_deadline.v1`."""
 
 # ---- Alarm (workflows/alarm.py) ----
 ALARM_KEEPS_DUE_TIMERS = "alarm-keeps-due-timers"

@@ -49,7 +49,14 @@ with workflow.unsafe.imports_passed_through():
     from backfill.reasons import WaitReason
     from workflows import patches
     from workflows.alarm import Alarm
-    from workflows.fairness import Claim, Holding, fair_shares, fairness_order, plan_step
+    from workflows.fairness import (
+        Claim,
+        Holding,
+        deadline_shares,
+        fair_shares,
+        fairness_order,
+        plan_step,
+    )
 
 
 @workflow.defn
@@ -168,6 +175,10 @@ class RouteSchedulerWorkflow:
             self._state.batches[d.batch_id] = slot
         slot.epoch = max(slot.epoch, d.epoch)
         slot.weight = max(1, d.weight)
+        if d.expires_at is not None:
+            slot.expires_at = d.expires_at
+        if d.line_seconds is not None:
+            slot.line_seconds = d.line_seconds
         wanted = max(0, d.wanted)
         slot.wanted = wanted
         if wanted < slot.allotment:
@@ -322,11 +333,20 @@ class RouteSchedulerWorkflow:
         # A closed gate: every allotment drops to zero; running lines finish.
         cap = effective_cap(s.settings.max_concurrent_lines, gate)
         claims = [
-            Claim(b.batch_id, b.workspace, b.wanted, b.held, b.last_served, b.weight)
+            Claim(
+                b.batch_id,
+                b.workspace,
+                b.wanted,
+                b.held,
+                b.last_served,
+                b.weight,
+                expires_at=b.expires_at,
+                line_seconds=b.line_seconds,
+            )
             for b in s.batches.values()
         ]
         if s.replan or set(s.targets) != set(s.batches):
-            s.targets = fair_shares(cap, claims)
+            s.targets = self._shares(cap, claims)
             s.replan = False
         step = plan_step(
             cap,
@@ -354,6 +374,15 @@ class RouteSchedulerWorkflow:
         # The UI's current details (no command: a query answers them).
         status = scheduler_status(s, gate, workflow.now().timestamp())
         workflow.set_current_details(scheduler_details(status))
+
+    def _shares(self, cap: int, claims: list[Claim]) -> dict[str, int]:
+        """Target allotments: fair, with deadlines heeded within each workspace (patch
+        `deadline-aware-shares`, asked only when heeding them changes a target)."""
+        fair = fair_shares(cap, claims)
+        aware = deadline_shares(cap, claims, workflow.now().timestamp())
+        if aware != fair and workflow.patched(patches.DEADLINE_AWARE_SHARES):
+            return aware
+        return fair
 
     async def _send_changes(self) -> None:
         priority = self._state.settings.priority_hint

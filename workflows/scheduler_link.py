@@ -18,11 +18,11 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from backfill import refs
-    from backfill.lanes import Lane, demand_to_report
+    from backfill.lanes import Lane, demand_to_report, pace_to_report
     from backfill.lifecycle import keepalive_due
     from backfill.messages import Ack, DemandInput, RateLimited
     from workflows.cancellation import CancelRequests
-    from workflows.patches import ALARMS_ON_TIME
+    from workflows.patches import ALARMS_ON_TIME, DEADLINE_PACE_COUNTED
 
 
 class SchedulerLink:
@@ -32,12 +32,22 @@ class SchedulerLink:
         self._cancellation = cancellation
 
     async def report_demands(
-        self, lanes: list[Lane], *, halt: Callable[[], bool], quiet: Callable[[], bool]
+        self,
+        lanes: list[Lane],
+        *,
+        halt: Callable[[], bool],
+        quiet: Callable[[], bool],
+        expires_at: float | None = None,
     ) -> None:
         """Ack shrunk allotments the lanes are now within, and report each lane's demand where
         it changed enough or its keep-alive is due. Asked per lane (the batch changes while a
         report is sent): `halt`, no line may start (paused or ending; a draining run keeps its
-        demand for the next run); `quiet`, no keep-alive (paused, ending or draining)."""
+        demand for the next run); `quiet`, no keep-alive (paused, ending or draining).
+
+        A demand also carries the batch's `expires_at` and the lane's mean line time, and is
+        reported when `pace_to_report` says the scheduler's view of them is out of date (patch
+        `deadline-pace-counted`, asked only where a report is sent or would be). Whether a
+        report is sent never depends on the mean's value, only on counts: see `pace_to_report`."""
         for lane in lanes:
             if lane.unacked_epoch is not None and lane.running <= lane.allotment:
                 epoch = lane.unacked_epoch
@@ -48,7 +58,14 @@ class SchedulerLink:
             if wanted is None and keepalive is not None and reached(keepalive):
                 wanted = lane.reported
             if wanted is None:
+                pace = pace_to_report(lane, halt=halt())
+                if pace is not None and workflow.patched(DEADLINE_PACE_COUNTED):
+                    wanted = pace
+            if wanted is None:
                 continue
+            paced = workflow.patched(DEADLINE_PACE_COUNTED)
+            if paced:
+                lane.reported_timed_lines = lane.timed_lines
             lane.reported = wanted
             lane.reported_at = workflow.now().timestamp()
             lane.allotment = min(lane.allotment, wanted)
@@ -61,6 +78,8 @@ class SchedulerLink:
                         workspace=self._workspace,
                         wanted=wanted,
                         epoch=lane.epoch,
+                        expires_at=expires_at if paced else None,
+                        line_seconds=lane.line_seconds if paced else None,
                     ),
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),

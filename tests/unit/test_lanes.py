@@ -5,7 +5,7 @@ from __future__ import annotations
 from api.admin import RouteLines, route_lines
 from backfill.batches import Batch
 from backfill.gates import Gate
-from backfill.lanes import Lane, Tries, demand_to_report
+from backfill.lanes import Lane, Tries, demand_to_report, pace_to_report
 from backfill.lifecycle import show_done, show_progress
 from backfill.messages import BatchSlot, RouteAssignment, RouteSettings, SchedulerInput
 from workflows.scheduler import scheduler_status
@@ -178,3 +178,47 @@ def test_scheduler_status_reasons_and_queue_positions() -> None:
     closed = scheduler_status(s, Gate(False, "Yielding to live traffic"), 0.0)
     assert (closed.state, closed.reason) == ("paused", "Yielding to live traffic")
     assert {b.reason for b in closed.batches} == {"Yielding to live traffic"}
+
+
+def test_a_lane_keeps_the_mean_time_of_its_finished_lines() -> None:
+    ln = lane()
+    assert ln.line_seconds is None
+    ln.time_line(10.0)
+    ln.time_line(20.0)
+    ln.time_line(-1.0)  # a clock that went back counts as 0
+    assert (ln.line_seconds, ln.timed_lines) == (10.0, 3)
+
+
+def test_pace_is_reported_once_known_on_quarter_falls_and_when_the_timed_lines_double() -> None:
+    ln = lane(total=100, allotment=2, running=2, next_pos=2, reported=100)
+    assert pace_to_report(ln, halt=False) is None  # no line finished yet
+    ln.time_line(60.0)
+    assert pace_to_report(ln, halt=False) == 100  # first known: the lines not finished
+    ln.reported_timed_lines = ln.timed_lines
+    assert pace_to_report(ln, halt=False) is None
+    # 25 lines finish: 75 left, a quarter fewer than reported, while the allotment is 2
+    ln.next_pos, ln.finished = 27, 25
+    assert demand_to_report(ln, halt=False) is None  # the fair-share rule says nothing
+    assert pace_to_report(ln, halt=False) == 75
+    ln.reported = 75
+    assert pace_to_report(ln, halt=False) is None
+    ln.time_line(100.0)  # two lines timed since one was reported: the mean is made anew
+    assert pace_to_report(ln, halt=False) == 75
+    ln.reported_timed_lines = ln.timed_lines
+    ln.finished, ln.next_pos = 60, 62  # 40 left, but paused: no line may start anyway
+    assert pace_to_report(ln, halt=True) is None
+
+
+def test_whether_the_pace_is_reported_never_depends_on_the_line_times() -> None:
+    """The mean is measured in workflow time between activations: a replay on another worker
+    must schedule the same reports even if its activations saw other times."""
+    for times in ([0.3, 0.3, 0.3], [0.3, 5.0, 0.01], [1e-6, 1e6, 3.0]):
+        ln = lane(total=100, allotment=2, running=2, next_pos=10, reported=100)
+        ln.finished = 8
+        said = []
+        for t in times:
+            ln.time_line(t)
+            said.append(pace_to_report(ln, halt=False))
+            if said[-1] is not None:
+                ln.reported, ln.reported_timed_lines = said[-1], ln.timed_lines
+        assert said == [92, 92, None], times

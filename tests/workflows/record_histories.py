@@ -50,6 +50,7 @@ from tools.sim import SimConfig
 from workflows.batch import BatchWorkflow
 from workflows.patches import (
     ALARMS_ON_TIME,
+    DEADLINE_PACE_COUNTED,
     HELD_LINE_REQUEUED,
     REOPEN_RAMP,
     SEATS_HELD_BACK,
@@ -333,6 +334,17 @@ async def batch_failed_announced(stack: Stack, temporal: Client) -> None:
     save("batch_failed_announced", h)
 
 
+async def batch_pace_counted(stack: Stack, temporal: Client) -> None:
+    """A batch's demand carries its deadline and its lines' mean time, reported again once the
+    first line finished and as the lines finished double (patch deadline-pace-counted)."""
+    batch_id = await submit(stack, 12, prefix="paced")
+    assert (await wait_terminal(stack.client(), batch_id)).status == "completed"
+    h = await temporal.get_workflow_handle(batch_id).fetch_history()
+    marker = patch_marker(DEADLINE_PACE_COUNTED)
+    require(h, E.EVENT_TYPE_MARKER_RECORDED, "deadline-pace-counted marker", marker)
+    save("batch_pace_counted", h)
+
+
 async def route_scheduler_set_settings(stack: Stack, temporal: Client) -> None:
     url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
     async with httpx.AsyncClient(headers={"Authorization": "Bearer sk-test-admin"}) as http:
@@ -391,6 +403,7 @@ ONE_STACK: dict[str, Callable[[Stack, Client], Awaitable[None]]] = {
         batch_line_lost,
         batch_completed_announced,
         batch_failed_announced,
+        batch_pace_counted,
         route_scheduler_set_settings,
         route_scheduler_reopen_ramp,
         route_scheduler,  # last: after the others' traffic
@@ -547,12 +560,26 @@ def expiry() -> None:
     )
 
 
+def deadline() -> None:
+    """From the time-skipping test of deadline-aware shares, which saves the scheduler's first
+    run when BACKFILL_RECORD_HISTORIES is set."""
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/workflows/test_deadline_shares.py"],
+        check=True,
+        env={
+            **os.environ,
+            "BACKFILL_RECORD_HISTORIES": history_path("route_scheduler_deadline").name,
+        },
+    )
+
+
 SCENARIOS = [
     *ONE_STACK,
     "batch_continue_as_new_chain",
     "batch_expired",
     "batch_held_at_door",
     "route_scheduler_held_back",
+    "route_scheduler_deadline",
 ]
 
 
@@ -573,6 +600,8 @@ def main(argv: list[str]) -> None:
         expiry()
     if {"batch_held_at_door", "route_scheduler_held_back"} & set(wanted):
         asyncio.run(held_back())
+    if "route_scheduler_deadline" in wanted:
+        deadline()
 
 
 if __name__ == "__main__":

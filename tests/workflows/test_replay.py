@@ -5,6 +5,8 @@ of the current code: `python -m tests.workflows.record_histories` (it never over
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+BATCHES = [p for p in HISTORIES if p.stem.startswith("batch_")]
 
 
 def test_histories_exist() -> None:
@@ -57,6 +60,10 @@ def test_histories_exist() -> None:
         # the workers hold back left out of the allotment (patch seats-held-back)
         "batch_held_at_door.v1",
         "route_scheduler_held_back.v1",
+        # a batch's demand with its deadline and pace (patch deadline-pace-counted)
+        "batch_pace_counted.v1",
+        # a 24 h batch behind a 168 h one given the slots it needs (patch deadline-aware-shares)
+        "route_scheduler_deadline.v1",
     } <= names
 
 
@@ -67,4 +74,35 @@ async def test_replay(path: Path) -> None:
         data_converter=pydantic_data_converter,
     )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
+    await replayer.replay_workflow(history)
+
+
+def at_other_times(history: str, seconds: float) -> str:
+    """The history with every other workflow task started `seconds` later than recorded: the
+    activations in which a line starts and ends see other times, as on a worker whose
+    activation did not run at the time its history says."""
+    h = json.loads(history)
+    tasks = 0
+    for event in h["events"]:
+        if event["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_STARTED":
+            tasks += 1
+            if tasks % 2 == 0:
+                at = datetime.fromisoformat(event["eventTime"][:26].rstrip("Z") + "+00:00")
+                event["eventTime"] = (at + timedelta(seconds=seconds)).isoformat()
+    return json.dumps(h)
+
+
+@pytest.mark.parametrize("path", BATCHES, ids=[p.stem for p in BATCHES])
+async def test_a_batch_schedules_the_same_commands_whatever_time_its_tasks_saw(path: Path) -> None:
+    """Whether a batch schedules an activity (a demand report, a line) never hangs on the
+    seconds between its workflow tasks: the first version of the pace reports (reverted) sent a
+    report when the mean line time, measured between activations, moved by a quarter, and a
+    chaos run's batch then failed its replay on another worker with `[TMPRL1100] Activity type
+    of scheduled event 'report_demand' does not match ... 'run_line'`. Its own saved history,
+    replayed this way, fails with that very error (docs/decisions/0038)."""
+    replayer = Replayer(
+        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
+        data_converter=pydantic_data_converter,
+    )
+    history = WorkflowHistory.from_json(path.stem, at_other_times(path.read_text(), 1.0))
     await replayer.replay_workflow(history)
