@@ -26,12 +26,11 @@ from api.schemas import (
     SchedulingStatus,
     error_responses,
 )
-from backfill import refs
+from backfill import refs, route_settings
 from backfill.batches import Batch
-from backfill.config import Settings
+from backfill.config import RouteConfig, Settings, configured_bases
 from backfill.gates import server_load as load_gate
 from backfill.ids import scheduler_workflow_id
-from backfill.load_metrics import approve_metrics_url, configured_bases
 from backfill.load_reader import ServerLoadReader
 from backfill.messages import (
     BatchStatusEntry,
@@ -41,7 +40,7 @@ from backfill.messages import (
     SchedulerStatus,
 )
 from backfill.refs import RouteSchedulerWorkflow
-from backfill.schedulers import start_scheduler
+from backfill.schedulers import scheduler_input, start_scheduler
 
 log = logging.getLogger(__name__)
 router = APIRouter(
@@ -49,11 +48,11 @@ router = APIRouter(
 )
 
 
-def _route_or_404(settings: Settings, route_id: str) -> RouteSettings:
+def _route_or_404(settings: Settings, route_id: str) -> RouteConfig:
     route = settings.route(route_id)
     if route is None:
         raise NotFound(f"No such deployment: {route_id}", param="id")
-    return RouteSettings(max_concurrent_lines=route.max_concurrent_lines)
+    return route
 
 
 def require_admin(identity: Identity, *, write: bool) -> None:
@@ -77,6 +76,7 @@ async def _document(
     return BatchScheduling(
         route=route_id,
         settings=status.settings,
+        sources=status.sources,
         status=SchedulingStatus(
             **{name: getattr(status, name) for name in RouteState.model_fields},
             running_lines=lines.running,
@@ -172,7 +172,8 @@ async def get_batch_scheduling(
     identity: IdentityDep,
 ) -> BatchScheduling:
     require_admin(identity, write=False)
-    initial = _route_or_404(settings, route_id)
+    _route_or_404(settings, route_id)
+    initial = scheduler_input(settings, route_id)
     handle = client.get_workflow_handle_for(
         RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
     )
@@ -184,11 +185,12 @@ async def get_batch_scheduling(
             log.warning("route %s settings from Temporal's record (%s)", route_id, err)
             initial = await _recorded_settings(client, route_id)
             stale = True
-        # Never started (no batch yet): the configured defaults, nothing running.
+        # Never started (no batch yet): the configured settings, nothing running.
         status = SchedulerStatus(
             route_id=route_id,
-            settings=initial,
-            limit=initial.max_concurrent_lines,
+            settings=initial.settings,
+            sources=route_settings.sources_of(initial.settings, initial.sources),
+            limit=initial.settings.max_concurrent_lines,
             allotted=0,
             held=0,
             queued_lines=0,
@@ -199,9 +201,10 @@ async def get_batch_scheduling(
     return doc
 
 
-async def _recorded_settings(client: Client, route_id: str) -> RouteSettings:
-    """The scheduler's settings without a worker: its current run's input, then each
-    `set_settings` update it accepted since, the last one winning."""
+async def _recorded_settings(client: Client, route_id: str) -> SchedulerInput:
+    """The scheduler's settings and their sources without a worker: its current run's input,
+    then each `set_settings` update it accepted since, the last one winning (a `configure` signal
+    since is not read: its changes show once a worker answers)."""
     inp, updates = await started_input_and_updates(
         client,
         scheduler_workflow_id(route_id),
@@ -209,7 +212,10 @@ async def _recorded_settings(client: Client, route_id: str) -> RouteSettings:
         "set_settings",
         RouteSettings,
     )
-    return updates[-1] if updates else inp.settings
+    for new in updates:
+        inp.sources = route_settings.after_put(inp.settings, new, inp.sources)
+        inp.settings = new
+    return inp
 
 
 @router.put(
@@ -220,20 +226,12 @@ async def _recorded_settings(client: Client, route_id: str) -> RouteSettings:
 async def put_batch_scheduling(
     route_id: str, new: RouteSettings, request: Request, settings: SettingsDep, client: ClientDep
 ) -> BatchScheduling:
-    _route_or_404(settings, route_id)
-    route = settings.route(route_id)
-    load = load_gate.ENTRY.setting(new)
-    if load is not None:
-        try:
-            approve_metrics_url(load.metrics_url, configured_bases(settings))
-        except ValueError as err:
-            raise InvalidRequest(str(err), param="server_load.metrics_url") from None
-    if new.priority_hint is not None and route is not None and route.provider != "vllm":
-        raise InvalidRequest(
-            f"priority_hint is for vLLM (and other self-hosted OpenAI-compatible) routes; route "
-            f"{route_id!r} is provider {route.provider!r}, which would refuse the field.",
-            param="priority_hint",
-        )
+    route = _route_or_404(settings, route_id)
+    problem = route_settings.settings_problem(
+        new, route_id, route.provider, configured_bases(settings)
+    )
+    if problem is not None:
+        raise InvalidRequest(problem[1], param=problem[0])
     handle = await start_scheduler(client, settings, route_id)
     await handle.execute_update(RouteSchedulerWorkflow.set_settings, new)
     status = await handle.query(RouteSchedulerWorkflow.status, time.time())

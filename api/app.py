@@ -37,8 +37,7 @@ from api.request_id import RequestIdMiddleware
 from api.request_spans import RequestSpans
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints, tracing
-from backfill.config import Settings
-from backfill.load_metrics import configured_bases
+from backfill.config import Settings, configured_bases
 from backfill.load_reader import ServerLoadReader
 from backfill.store import open_store
 from backfill.temporal_client import connect

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.jobs import Job
 from backfill.messages import RouteSettings, RouteState
+from backfill.route_settings import SettingSource
 from backfill.store import FileObject as StoredFile
 
 MAX_METADATA_PAIRS = 16
@@ -246,6 +247,10 @@ class BatchScheduling(BaseModel):
     route: str
     settings: RouteSettings
     """The settings document, as `PUT` takes it (the scheduler's own model)."""
+    sources: dict[str, SettingSource] = Field(default_factory=dict)
+    """Where each setting came from: `config` (the route's `settings` table in the config file,
+    or its `max_concurrent_lines`), `admin_api` (a `PUT`, or the console's form) or `default`.
+    Which wins when: docs/decisions/0039."""
     status: SchedulingStatus
 
 

@@ -28,11 +28,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from backfill import search_attributes as sa
-from backfill.config import Settings
+from backfill.config import Settings, configured_bases
 from backfill.gates.preempt import ENTRY as PREEMPT
 from backfill.gates.server_load import ENTRY as SERVER_LOAD
 from backfill.ids import scheduler_workflow_id
-from backfill.load_metrics import approve_metrics_url, configured_bases
+from backfill.load_metrics import approve_metrics_url
 from backfill.refs import RouteSchedulerWorkflow
 from backfill.temporal_client import connect
 

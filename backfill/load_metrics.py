@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.config import Settings
 from backfill.gates.server_load import LoadReading
 
 __all__ = [
@@ -115,12 +114,6 @@ def approved_bases(local_upstreams: str | None, route_base_urls: Iterable[str]) 
     """The upstream bases whose metrics may be read: `GATEWAY_LOCAL_UPSTREAMS` (its value, read
     by the caller) together with the configured routes' base URLs."""
     return list(dict.fromkeys([*parse_local_upstreams(local_upstreams), *route_base_urls]))
-
-
-def configured_bases(settings: Settings) -> list[str]:
-    """The approved bases of a deployment: GATEWAY_LOCAL_UPSTREAMS and its routes."""
-    routes = [r.base_url for m in settings.models for r in m.routes]
-    return approved_bases(settings.gateway_local_upstreams, routes)
 
 
 def approve_metrics_url(url: str, approved_bases: Iterable[str]) -> str:

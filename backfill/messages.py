@@ -6,20 +6,20 @@ without breaking running workflows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field
 
 from backfill.batches import Batch, BatchError, TokenCounts
 from backfill.gates.backoff import Backoff
-from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
 from backfill.gates.live import LiveCount
 from backfill.gates.preempt import PreemptPolicy
 from backfill.gates.ramp import RampState
-from backfill.gates.registry import settings_fields
 from backfill.gates.seats import HeldBackCount
 from backfill.gates.server_load import LoadVerdict, ServerLoadSettings
 from backfill.lanes import Lane
+from backfill.route_settings import RouteSettings as RouteSettings  # its own module
+from backfill.route_settings import SettingSource
 
 EndReason = Literal["completed", "expired", "cancelled"]
 
@@ -61,43 +61,6 @@ class BatchInput(BaseModel):
     """Carried across continue-as-new; None on the first run."""
 
 
-_RouteSettingsFields = create_model(
-    "RouteSettings",
-    __config__=ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True),
-    max_concurrent_lines=(
-        LinesAtOnce,
-        Field(
-            default=DEFAULT_LINES_AT_ONCE,
-            description='"Batch lines at once": batch lines running on the route across every '
-            "batch and process.",
-        ),
-    ),
-    **settings_fields(),
-    priority_hint=(
-        int | None,
-        Field(
-            default=None,
-            ge=1,
-            le=1_000_000,
-            description="vLLM's `priority` sent in the body of batch lines (never live "
-            "requests); lower runs first under vLLM's priority scheduling policy, so a large "
-            "value puts batch lines behind live ones. `vllm` routes only (null: off).",
-        ),
-    ),
-)
-
-
-class RouteSettings(_RouteSettingsFields):  # type: ignore[misc,valid-type]
-    """A route's batch-scheduling settings: the management API's settings document, held
-    durably in the scheduler's state. `max_concurrent_lines`, then one field per gate an
-    operator sets (`backfill.gates.registry`: null when off), then `priority_hint`."""
-
-    if TYPE_CHECKING:  # mypy cannot see through create_model; a gate's field is read through
-        # its entry, typed (`GateEntry.setting`)
-        max_concurrent_lines: int
-        priority_hint: int | None
-
-
 class BatchSlot(BaseModel):
     """What the scheduler knows of one batch on this route."""
 
@@ -132,6 +95,12 @@ class SchedulerInput(BaseModel):
 
     route_id: str
     settings: RouteSettings = Field(default_factory=RouteSettings)
+    sources: dict[str, SettingSource] = Field(default_factory=dict)
+    """Where each setting came from, as recorded (`backfill.route_settings.sources_of` fills in
+    the fields a scheduler started before sources were kept does not record)."""
+    configured: dict[str, Any] | None = None
+    """The config file's `settings` table last applied (`ConfiguredSettings.declared`; None: the
+    scheduler started before settings as code and no worker has sent one since)."""
     batches: dict[str, BatchSlot] = Field(default_factory=dict)
     seq: int = 0
     targets: dict[str, int] = Field(default_factory=dict)
@@ -212,6 +181,8 @@ class SchedulerStatus(RouteState):
 
     route_id: str
     settings: RouteSettings
+    sources: dict[str, SettingSource] = Field(default_factory=dict)
+    """Where each setting came from: `config`, `admin_api` or `default`."""
     allotted: int
     """Sum of allotments: lines batches may run now."""
     held: int

@@ -41,6 +41,7 @@ from backfill.messages import (
     SchedulerInput,
     SchedulerStatus,
 )
+from backfill.route_settings import ConfiguredSettings
 from backfill.webhooks import (
     EndpointId,
     EndpointsInput,
@@ -114,6 +115,10 @@ class RouteSchedulerWorkflow:
 
     @workflow.signal
     def server_load(self, v: LoadVerdict) -> None:
+        raise NotImplementedError
+
+    @workflow.signal
+    def configure(self, c: ConfiguredSettings) -> None:
         raise NotImplementedError
 
     @workflow.query

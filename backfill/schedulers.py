@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
 
-from backfill import refs
+from backfill import refs, route_settings
 from backfill.config import Settings
+from backfill.gates.cap import DEFAULT_LINES_AT_ONCE
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import Demand, DemandInput, RouteSettings, SchedulerInput
+from backfill.messages import Demand, DemandInput, SchedulerInput
+from backfill.route_settings import ConfiguredSettings
 
 
 async def start_scheduler(
@@ -18,15 +21,9 @@ async def start_scheduler(
 ) -> WorkflowHandle[refs.RouteSchedulerWorkflow, None]:
     """The route's scheduler, started unless it runs (the configured settings are its initial
     ones); with `demand`, signalled in the same call (signal-with-start)."""
-    route = settings.route(route_id)
-    initial = RouteSettings(max_concurrent_lines=route.max_concurrent_lines if route else 2)
     return await client.start_workflow(
         refs.RouteSchedulerWorkflow.run,
-        SchedulerInput(
-            route_id=route_id,
-            settings=initial,
-            reconcile_seconds=settings.scheduler_reconcile_seconds,
-        ),
+        scheduler_input(settings, route_id),
         id=scheduler_workflow_id(route_id),
         task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -35,6 +32,52 @@ async def start_scheduler(
         else refs.signal_name(refs.RouteSchedulerWorkflow.demand),
         start_signal_args=[] if demand is None else [demand],
     )
+
+
+def scheduler_input(settings: Settings, route_id: str) -> SchedulerInput:
+    """A new scheduler's input: the route's settings as the config file declares them (its
+    `settings` table and its `max_concurrent_lines`), with their sources."""
+    route = settings.route(route_id)
+    applied = route_settings.initial(
+        route.configured() if route else ConfiguredSettings(cap=DEFAULT_LINES_AT_ONCE)
+    )
+    return SchedulerInput(
+        route_id=route_id,
+        settings=applied.settings,
+        sources=applied.sources,
+        configured=applied.declared,
+        reconcile_seconds=settings.scheduler_reconcile_seconds,
+    )
+
+
+async def configure_routes(client: Client, settings: Settings) -> None:
+    """Send each configured route's scheduler the config file's settings for it (`configure`),
+    at worker start: a route with a `settings` table gets its scheduler started with them if it
+    is not running; a route without one only tells a running scheduler (which then drops the
+    fields an earlier table set). The scheduler applies a table only when it differs from the
+    one it last applied (`backfill.route_settings.apply_config`)."""
+    for model in settings.models:
+        for route in model.routes:
+            configured = route.configured()
+            if route.settings is not None:
+                await client.start_workflow(
+                    refs.RouteSchedulerWorkflow.run,
+                    scheduler_input(settings, route.id),
+                    id=scheduler_workflow_id(route.id),
+                    task_queue=settings.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    start_signal=refs.signal_name(refs.RouteSchedulerWorkflow.configure),
+                    start_signal_args=[configured],
+                )
+                continue
+            handle = client.get_workflow_handle_for(
+                refs.RouteSchedulerWorkflow.run, scheduler_workflow_id(route.id)
+            )
+            try:
+                await handle.signal(refs.RouteSchedulerWorkflow.configure, configured)
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
 
 
 async def signal_demand(client: Client, settings: Settings, input: DemandInput) -> None:

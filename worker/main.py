@@ -26,9 +26,9 @@ from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
 from backfill import preempt_peers, tracing
-from backfill.config import Settings, WorkerRole, warn_missing_upstream_keys
-from backfill.load_metrics import configured_bases
+from backfill.config import Settings, WorkerRole, configured_bases, warn_missing_upstream_keys
 from backfill.load_reader import ServerLoadReader
+from backfill.schedulers import configure_routes
 from backfill.store import Store, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
@@ -235,6 +235,7 @@ async def serve(settings: Settings) -> None:
     if runs_activities(settings.worker_role):
         warn_missing_upstream_keys(settings)
     await ensure_schedule(client, settings)
+    await configure_routes(client, settings)  # the config file's route settings (decision 0039)
     lag_task = None
     if settings.worker_loop_lag_log_seconds is not None:
         lag_task = asyncio.create_task(log_every(settings.worker_loop_lag_log_seconds))

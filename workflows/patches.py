@@ -123,6 +123,14 @@ demand carrying a deadline and a pace, which no batch sent before: every older h
 without it. Old branch (unreachable in recorded histories): fair shares whatever the deadlines.
 History: `route_scheduler_deadline.v1`."""
 
+CONFIGURED_SETTINGS = "configured-settings"
+"""The `configure` signal (a worker at start sends the route's `settings` table from the config
+file) changes the settings when the table differs from the one last applied
+(`backfill.route_settings.apply_config`, docs/decisions/0039). Asked only when the signal would
+change something, which no worker sent before: every older history replays without it. Old
+branch (a signal handled by a worker from before: unreachable in recorded histories): the
+signal was left unhandled. History: `route_scheduler_configured.v1`."""
+
 # ---- Alarm (workflows/alarm.py) ----
 ALARM_KEEPS_DUE_TIMERS = "alarm-keeps-due-timers"
 """A timer due within `alarm.DUE_SOON_S` is left to fire (and ignored) instead of cancelled: the

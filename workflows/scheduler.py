@@ -19,7 +19,7 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.server_load import ServerLoadActivities
-    from backfill import refs
+    from backfill import refs, route_settings
     from backfill.gates import Gate, GateContext, ramped, route_gate
     from backfill.gates import live as live_gate
     from backfill.gates import preempt as preempt_gate
@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         WatchLoadInput,
     )
     from backfill.reasons import WaitReason
+    from backfill.route_settings import ConfiguredSettings
     from workflows import patches
     from workflows.alarm import Alarm
     from workflows.fairness import (
@@ -246,14 +247,31 @@ class RouteSchedulerWorkflow:
             preempt=preempt_gate.policy(seat_aware, preempt_gate.ENTRY.setting(s.settings)),
         )
 
+    @workflow.signal
+    def configure(self, c: ConfiguredSettings) -> None:
+        """The config file's settings for the route, sent by each worker at start: applied when
+        they differ from those last applied (decision 0039; patch `configured-settings`)."""
+        s = self._state
+        applied = route_settings.apply_config(s.settings, s.sources, s.configured, c)
+        if applied is None or not workflow.patched(patches.CONFIGURED_SETTINGS):
+            return
+        s.sources, s.configured = applied.sources, applied.declared
+        if applied.settings != s.settings:
+            self._change_settings(applied.settings)
+
     @workflow.update
     def set_settings(self, settings: RouteSettings) -> RouteSettings:
+        s = self._state
+        s.sources = route_settings.after_put(s.settings, settings, s.sources)
+        self._change_settings(settings)
+        return settings
+
+    def _change_settings(self, settings: RouteSettings) -> None:
         if load_gate.ENTRY.setting(settings) != load_gate.ENTRY.setting(self._state.settings):
             self._state.load = None  # a new signal: closed until its first verdict
         self._state.settings = settings
         self._state.replan = True
         self._dirty = True
-        return settings
 
     @set_settings.validator
     def _validate_settings(self, settings: RouteSettings) -> None:
@@ -487,6 +505,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
     return SchedulerStatus(
         route_id=s.route_id,
         settings=s.settings,
+        sources=route_settings.sources_of(s.settings, s.sources),
         limit=cap,
         ramping_to=gate.ramping_to,
         allotted=sum(b.allotment for b in s.batches.values()),

@@ -32,7 +32,12 @@ from backfill.config.sections import (
     WorkerRole,
     WorkspaceLimits,
 )
-from backfill.config.settings import FILE_ONLY, Settings, configured_endpoints
+from backfill.config.settings import (
+    FILE_ONLY,
+    Settings,
+    configured_bases,
+    configured_endpoints,
+)
 
 __all__ = [
     "DEV_KEY",
@@ -56,6 +61,7 @@ __all__ = [
     "WorkspaceLimits",
     "check_exposure",
     "config_path",
+    "configured_bases",
     "configured_endpoints",
     "get_settings",
     "hash_key",

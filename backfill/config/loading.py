@@ -38,11 +38,35 @@ def load_settings(path: Path | None = None) -> Settings:
     except SettingsError as e:
         raise ConfigError(f"invalid environment variable: {e}") from None
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-            for err in e.errors()
-        )
+        problems = "; ".join(_problem(data, err["loc"], err["msg"]) for err in e.errors())
         raise ConfigError(f"{path}: invalid configuration: {problems}") from None
+
+
+def _problem(data: object, loc: tuple[int | str, ...], msg: str) -> str:
+    """One validation error as `where: what`. Where: the field's path, then the route (and model)
+    it belongs to by id, e.g. `models.0.routes.1.weight (route 'gpu-b' of model 'demo')`; a check
+    of the whole file names its own place."""
+    msg = msg.removeprefix("Value error, ")
+    if not loc:
+        return msg
+    ids: dict[str, str] = {}
+    node = data
+    for prev, p in zip((None, *loc), loc, strict=False):
+        node = node[p] if _has(node, p) else None  # type: ignore[index]
+        if isinstance(p, int) and isinstance(node, dict) and isinstance(node.get("id"), str):
+            ids[str(prev)] = node["id"]
+    where = ".".join(str(p) for p in loc)
+    if "routes" in ids and "models" in ids:
+        where += f" (route {ids['routes']!r} of model {ids['models']!r})"
+    elif "models" in ids:
+        where += f" (model {ids['models']!r})"
+    return f"{where}: {msg}"
+
+
+def _has(node: object, key: int | str) -> bool:
+    if isinstance(node, list):
+        return isinstance(key, int) and 0 <= key < len(node)
+    return isinstance(node, dict) and key in node
 
 
 @lru_cache(maxsize=1)

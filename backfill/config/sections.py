@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
+from backfill.route_settings import ConfiguredSettings, RouteSettings, declared_settings
 from backfill.webhooks import EVENT_TYPES as WEBHOOK_EVENTS
 from backfill.webhooks import EventType as WebhookEventType
 
@@ -45,6 +46,29 @@ class RouteConfig(_Strict):
     """Body fields otherwise refused or held back on this route (`backfill.body_policy`,
     decision 0028): the Responses API's `background`, `store`, `previous_response_id` and
     `conversation`, and `service_tier` on `openai` routes. For a single-tenant route only."""
+    settings: RouteSettings | None = None
+    """The route's batch-scheduling settings as code (`[models.routes.settings]`): any fields of
+    the management API's settings document, validated as a `PUT` would be. Applied when the
+    route's scheduler starts and whenever a worker starts with a table that differs from the one
+    last applied; between two changes a `PUT` wins (docs/decisions/0039)."""
+
+    @model_validator(mode="after")
+    def _cap_once(self) -> RouteConfig:
+        if (
+            self.settings is not None
+            and "max_concurrent_lines" in self.settings.model_fields_set
+            and "max_concurrent_lines" in self.model_fields_set
+        ):
+            raise ValueError(
+                "max_concurrent_lines is set both on the route and in its settings table; keep "
+                "the one in settings (applied again when it changes)"
+            )
+        return self
+
+    def configured(self) -> ConfiguredSettings:
+        """What the file says of the route's settings (the scheduler's `configure` signal)."""
+        cap = self.max_concurrent_lines if "max_concurrent_lines" in self.model_fields_set else None
+        return ConfiguredSettings(declared=declared_settings(self.settings), cap=cap)
 
 
 class ModelConfig(_Strict):

@@ -27,6 +27,8 @@ from backfill.config.sections import (
     WorkerRole,
     WorkspaceLimits,
 )
+from backfill.load_metrics import approved_bases
+from backfill.route_settings import settings_problem
 from backfill.webhooks import Destinations, WebhookEndpoint
 
 
@@ -306,6 +308,19 @@ class Settings(BaseSettings):
             seen.add((w.workspace, w.id))
         return self
 
+    @model_validator(mode="after")
+    def _route_settings_valid(self) -> Settings:
+        bases = configured_bases(self)
+        for i, m in enumerate(self.models):
+            for j, r in enumerate(m.routes):
+                problem = r.settings and settings_problem(r.settings, r.id, r.provider, bases)
+                if problem:
+                    raise ValueError(
+                        f"models.{i}.routes.{j}.settings.{problem[0]} (route {r.id!r} of model "
+                        f"{m.id!r}): {problem[1]}"
+                    )
+        return self
+
     @property
     def webhook_destinations(self) -> Destinations:
         """`webhook_allowed_destinations`, parsed."""
@@ -383,3 +398,9 @@ def configured_endpoints(settings: Settings, workspace: str) -> list[WebhookEndp
         for w in settings.webhooks
         if w.workspace == workspace
     ]
+
+
+def configured_bases(settings: Settings) -> list[str]:
+    """The upstream bases whose metrics may be read: GATEWAY_LOCAL_UPSTREAMS and the routes'."""
+    routes = [r.base_url for m in settings.models for r in m.routes]
+    return approved_bases(settings.gateway_local_upstreams, routes)

@@ -124,6 +124,7 @@ class Stack:
         workspace_limits: dict[str, dict[str, int]] | None = None,
         preempt_token: str | None = None,
         tenants: int = 0,
+        route_settings: dict[str, Any] | None = None,
     ) -> None:
         """`upstream_key`: the routes' credential (through `api_key_env`), else none.
         `preempt_token`: preemptive yield's direct channel on (every process gets the token;
@@ -164,6 +165,8 @@ class Stack:
         self.config_path = tmp / "backfill.toml"
         self.route_extra = route_extra or {}
         """More keys of every route's config table (e.g. api_key_env)."""
+        self.route_settings = route_settings
+        """Every route's `[models.routes.settings]` table (settings as code), else none."""
         self.workspaces = {ws: f"{ws}-{self.suffix}" for ws, _ in KEYS.values()}
         self.keys = {key: key for key in KEYS}
         """The key each name of KEYS stands for on this stack (a lease has keys of its own)."""
@@ -252,6 +255,8 @@ class Stack:
             if self.upstream_key_env:
                 lines.append(f'api_key_env = "{self.upstream_key_env}"')
             lines += [f"{k} = {json.dumps(v)}" for k, v in self.route_extra.items()]
+            if self.route_settings is not None:
+                lines += toml_tables("models.routes.settings", self.route_settings)
         key_sets = [(self.keys, self.workspaces), *self.tenants]
         for keys, workspaces in key_sets:
             for key, (ws, role) in KEYS.items():
@@ -483,6 +488,17 @@ class Stack:
                 await temporal.get_workflow_handle(scheduler_workflow_id(route)).terminate(
                     "test stack stopped"
                 )
+
+
+def toml_tables(name: str, table: dict[str, Any]) -> list[str]:
+    """`table` as the TOML table `[name]`, its dict values as sub-tables (scalars as JSON, which
+    TOML reads the same for numbers, strings and booleans)."""
+    lines = [f"[{name}]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    for k, v in table.items():
+        if isinstance(v, dict):
+            lines += toml_tables(f"{name}.{k}", v)
+    return lines
 
 
 class SharedStacks:

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 from temporalio.client import Client, WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import LiveCountReport
@@ -50,6 +51,7 @@ from tools.sim import SimConfig
 from workflows.batch import BatchWorkflow
 from workflows.patches import (
     ALARMS_ON_TIME,
+    CONFIGURED_SETTINGS,
     DEADLINE_PACE_COUNTED,
     HELD_LINE_REQUEUED,
     REOPEN_RAMP,
@@ -384,6 +386,53 @@ async def route_scheduler_reopen_ramp(stack: Stack, temporal: Client) -> None:
     save("route_scheduler_reopen_ramp", h)
 
 
+async def route_scheduler_configured(stack: Stack, temporal: Client) -> None:
+    """A worker restarted with a `settings` table for the route: its `configure` signal changes
+    the scheduler's settings (patch configured-settings), then a batch runs under them. The
+    file is put back and the worker restarted again, which drops what the table set."""
+    handle = temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id))
+    # The first table starts the scheduler if no scenario did; the second one changes it.
+    for table in ({"priority_hint": 7}, {"priority_hint": 9}, None):
+        before = await configure_signals(handle)
+        stack.route_settings = table
+        stack.write_config()
+        old = stack.workers[0]
+        stack.start_worker()
+        await until(
+            lambda: configure_signals(handle),
+            lambda n, before=before: n > before,
+            "configure handled",
+        )
+        await asyncio.to_thread(old.stop)
+        stack.workers.remove(old)
+        if table is not None:
+            await wait_terminal(stack.client(), await submit(stack, 4, prefix="configured"))
+    h = await handle.fetch_history()
+    require(
+        h,
+        E.EVENT_TYPE_MARKER_RECORDED,
+        f"{CONFIGURED_SETTINGS} marker",
+        patch_marker(CONFIGURED_SETTINGS),
+    )
+    save("route_scheduler_configured", h)
+
+
+async def configure_signals(handle: Any) -> int:
+    """`configure` signals a workflow task completed after, in the scheduler's history (0
+    while it does not exist)."""
+    try:
+        events = (await handle.fetch_history()).events
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return 0
+    done = max(
+        (i for i, e in enumerate(events) if e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED),
+        default=-1,
+    )
+    return sum(1 for e in events[: done + 1] if signaled("configure")(e))
+
+
 async def route_scheduler(stack: Stack, temporal: Client) -> None:
     h = await temporal.get_workflow_handle(scheduler_workflow_id(stack.route_id)).fetch_history()
     require(h, E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "demand", signaled("demand"))
@@ -406,6 +455,7 @@ ONE_STACK: dict[str, Callable[[Stack, Client], Awaitable[None]]] = {
         batch_pace_counted,
         route_scheduler_set_settings,
         route_scheduler_reopen_ramp,
+        route_scheduler_configured,
         route_scheduler,  # last: after the others' traffic
     )
 }

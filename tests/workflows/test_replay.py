@@ -64,6 +64,8 @@ def test_histories_exist() -> None:
         "batch_pace_counted.v1",
         # a 24 h batch behind a 168 h one given the slots it needs (patch deadline-aware-shares)
         "route_scheduler_deadline.v1",
+        # a worker started with a changed settings table for the route (patch configured-settings)
+        "route_scheduler_configured.v1",
     } <= names
 
 
