@@ -7,6 +7,10 @@ template, and `LlamaForCausalLM` with random weights. Run with the vLLM venv's P
 Does nothing when the folder already holds this version of the model. The shape is the smallest
 vLLM's CPU attention takes: head dimension 64 (2 heads of a 128 hidden size; 16 is refused), one
 KV head. Its answers are random bytes: sometimes invalid UTF-8, sometimes U+2028, never sense.
+
+The build is deterministic (a fixed seed; the same files byte for byte on every run), but what
+vLLM samples from it is not: the end-of-sequence token can come at any step, so a test that needs
+a length asks for it with `ignore_eos`.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ import shutil
 import sys
 from pathlib import Path
 
-VERSION = "1"
-"""Bump to rebuild every cached copy."""
+VERSION = "2"
+"""Bump to rebuild every cached copy (2: positions for a 32,768-token context)."""
+
+MAX_POSITIONS = 32768
+"""The longest context it is served with (tests/vllm/upstreams.py's MAX_MODEL_LEN): vLLM refuses a
+`--max-model-len` beyond it."""
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -66,7 +74,7 @@ def build(out: Path) -> None:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=4096,
+        max_position_embeddings=MAX_POSITIONS,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -21,7 +21,7 @@ from tests.e2e.stack import wait_terminal
 from tests.e2e.test_live_gates import put_settings, scheduling
 from tests.polling import poll_until
 from tests.vllm.conftest import VllmPool
-from tests.vllm.upstreams import SEATS, Upstream, VllmStack
+from tests.vllm.upstreams import SEATS, Upstream, VllmStack, long_body
 
 MODEL = "demo"
 """The stack's model id; vLLM serves the tiny model under it too (`--served-model-name`)."""
@@ -98,6 +98,11 @@ async def test_batches_of_each_endpoint_complete_against_vllm(
             assert done.usage is not None and done.usage.output_tokens > 0
 
 
+EIGHT = {"ignore_eos": True}
+"""With the limit at 8 tokens, exactly 8: the tiny model's sampled end-of-sequence token (it can
+come at any step) is ignored, so a count short of the limit is the gateway's fault."""
+
+
 async def test_live_proxy_against_vllm_with_the_sdk(
     tmp_path: Path, dev_server: Any, vllm: Upstream
 ) -> None:
@@ -110,14 +115,19 @@ async def test_live_proxy_against_vllm_with_the_sdk(
             max_tokens=8,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=EIGHT,
         )
         async for chunk in stream:
             chunks.append(chunk)
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
-        whole = await oa.responses.create(model=MODEL, input="hi", max_output_tokens=8)
+        whole = await oa.responses.create(
+            model=MODEL, input="hi", max_output_tokens=8, extra_body=EIGHT
+        )
         assert whole.usage is not None and whole.usage.output_tokens == 8
         text = ""
-        async with oa.responses.stream(model=MODEL, input="hi", max_output_tokens=8) as s:
+        async with oa.responses.stream(
+            model=MODEL, input="hi", max_output_tokens=8, extra_body=EIGHT
+        ) as s:
             async for event in s:
                 if event.type == "response.output_text.delta":
                     text += event.delta
@@ -141,7 +151,7 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
         }
         await put_settings(stack, http, settings)
         client = stack.client()
-        long_line = {"max_tokens": 2000, "ignore_eos": True}  # seconds each, even on an idle CPU
+        long_line = long_body()  # longer than the test, whatever the CPU: the test ends them
         lines = [
             {
                 "custom_id": f"long-{i}",

@@ -32,9 +32,17 @@ from tools.sim import SimConfig, SimServer
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 """The served model name, the same on both upstreams."""
-MAX_MODEL_LEN = 4096
-"""Room for long answers: a filler of the priority tests must outlast the test's steps even on
-an idle machine (the tiny model makes a few hundred tokens a second per sequence)."""
+MAX_MODEL_LEN = 32768
+"""Room for answers longer than any test waits. A long request (`Upstream.long_body`) must stay
+running until the test ends it, and how long a number of tokens lasts is the CPU's business: the
+tiny model makes about 70 tokens a second per sequence on a loaded 2-core machine, several hundred
+on an idle fast one (CI), where 3,896 tokens ended within a test's steps. 32,000 tokens last more
+than half a minute even at 1,000 a second; a test closes its long requests, never waits for them.
+(make_model.py's MAX_POSITIONS allows it.)"""
+LONG_TOKENS = MAX_MODEL_LEN - 256
+"""`max_tokens` of a long request: the context less room for the tests' prompts (56 tokens at
+most, LONG_PROMPT in the chat template); vLLM refuses a request whose prompt and `max_tokens`
+exceed `--max-model-len`."""
 SEATS = 4
 """`--max-num-seqs` (vLLM) and `max_num_seqs` (simulator): few, so a test can fill them."""
 START_TIMEOUT_S = float(os.environ.get("BACKFILL_VLLM_START_TIMEOUT", "600"))
@@ -181,10 +189,9 @@ class Upstream:
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def long_body(self, tokens: int = MAX_MODEL_LEN - 200) -> dict[str, Any]:
-        """Body fields that make an answer take long (held with `slow()`): many tokens, the
-        end-of-sequence token ignored (vLLM's sampling parameter; the simulator ignores it)."""
-        return {"max_tokens": tokens, "ignore_eos": True}
+    def long_body(self) -> dict[str, Any]:
+        """Body fields that make an answer take long (held with `slow()`): `long_body()`."""
+        return long_body()
 
     @contextlib.contextmanager
     def slow(self, *, service: bool = True) -> Iterator[None]:
@@ -211,6 +218,13 @@ class Upstream:
         assert reading.error is None, reading.error
         assert reading.running is not None and reading.waiting is not None
         return reading.running, reading.waiting
+
+
+def long_body() -> dict[str, Any]:
+    """Body fields that make vLLM's answer outlast any test: LONG_TOKENS tokens, the end-of-sequence
+    token ignored (vLLM's sampling parameter; the simulator ignores it, `Upstream.slow` holds its
+    answers instead)."""
+    return {"max_tokens": LONG_TOKENS, "ignore_eos": True}
 
 
 class VllmStack(Stack):
