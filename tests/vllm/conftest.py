@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 
+from tests.polling import poll_until
 from tests.vllm.upstreams import Upstream, VllmProcess, running_sim, vllm_model, vllm_venv
 
 VENV = vllm_venv()
@@ -80,8 +82,23 @@ async def _upstream(name: str, policy: str, pool: VllmPool | None) -> AsyncItera
             yield up
         return
     assert pool is not None
+    yield await idle_vllm(pool, policy)
+
+
+async def idle_vllm(pool: VllmPool, policy: str) -> Upstream:
+    """The shared vLLM, once idle: a test starts with no request of an earlier one in it (a
+    closed stream's abort takes vLLM a moment), whatever order the tests run in."""
     server = await pool.get(policy)
-    yield Upstream("vllm", server.url, policy)
+    up = Upstream("vllm", server.url, policy)
+    async with httpx.AsyncClient(timeout=60) as probe:
+        await poll_until(
+            lambda: up.load(probe),
+            lambda load: load == (0, 0),
+            timeout=60,
+            what="vLLM idle before the test (an earlier test's requests still in it)",
+            interval=0.1,
+        )
+    return up
 
 
 @pytest_asyncio.fixture

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import io
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ import pytest_asyncio
 from tests.e2e.stack import wait_terminal
 from tests.e2e.test_live_gates import put_settings, scheduling
 from tests.polling import poll_until
-from tests.vllm.conftest import VllmPool
-from tests.vllm.upstreams import SEATS, Upstream, VllmStack, long_body
+from tests.vllm.conftest import VllmPool, idle_vllm
+from tests.vllm.upstreams import LONG_TOKENS, SEATS, Upstream, VllmStack, long_body
 
 MODEL = "demo"
 """The stack's model id; vLLM serves the tiny model under it too (`--served-model-name`)."""
@@ -30,8 +31,7 @@ MODEL = "demo"
 @pytest_asyncio.fixture
 async def vllm(vllm_pool: VllmPool | None) -> Upstream:
     assert vllm_pool is not None
-    server = await vllm_pool.get("fcfs")
-    return Upstream("vllm", server.url, "fcfs")
+    return await idle_vllm(vllm_pool, "fcfs")
 
 
 @contextlib.asynccontextmanager
@@ -136,6 +136,30 @@ async def test_live_proxy_against_vllm_with_the_sdk(
         assert final.usage.output_tokens == 8
 
 
+LINE_SECONDS = 40.0
+"""How long a batch line of the preemption test lasts, alone on vLLM (longer beside others)."""
+
+
+async def tokens_for(vllm: Upstream, http: httpx.AsyncClient, seconds: float) -> int:
+    """How many tokens vLLM makes in about `seconds` for one sequence, measured now: the same
+    count lasts a second on an idle fast CPU and a minute on a loaded slow one."""
+    sample = 256
+    started = time.monotonic()
+    r = await http.post(
+        f"{vllm.base_url}/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "pace"}],
+            "max_tokens": sample,
+            "ignore_eos": True,
+        },
+    )
+    took = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == sample, r.json()["usage"]
+    return min(LONG_TOKENS, max(sample, round(sample * seconds / took)))
+
+
 async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm: Upstream) -> None:
     """A live request that needs a seat two long batch lines hold ends the youngest line: its
     connection closes, and vLLM stops generating it (its running count drops), so the seat is
@@ -151,7 +175,9 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
         }
         await put_settings(stack, http, settings)
         client = stack.client()
-        long_line = long_body()  # longer than the test, whatever the CPU: the test ends them
+        # A batch line must run through the steps below whatever the CPU, yet end once the
+        # batch is cancelled (its running lines finish): about LINE_SECONDS on this vLLM now.
+        line = {"max_tokens": await tokens_for(vllm, http, LINE_SECONDS), "ignore_eos": True}
         lines = [
             {
                 "custom_id": f"long-{i}",
@@ -160,7 +186,7 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
                 "body": {
                     "model": MODEL,
                     "messages": [{"role": "user", "content": f"long {i}"}],
-                    **long_line,
+                    **line,
                 },
             }
             for i in range(20)  # more than run before the api reads its policy (every 5 s)
@@ -187,7 +213,7 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
                     model=MODEL,
                     messages=[{"role": "user", "content": "live"}],
                     stream=True,
-                    extra_body=long_line,
+                    extra_body=long_body(),  # ended by the test (its client leaves)
                 )
                 async for _ in stream:
                     pass
