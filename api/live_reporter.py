@@ -17,7 +17,6 @@ traffic: a failed query or signal is logged and tried again on the next change o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -30,6 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from api.live_traffic import LiveTraffic
 from api.temporal_link import TemporalLink
 from backfill import refs
+from backfill.background import Background, woken
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import LiveGateView, LiveReport
 
@@ -120,26 +120,20 @@ class LiveReporter:
         self.me = process_id()
         self._routes = {r: _Route() for r in routes}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background()
         self._unsubscribe = live.subscribe(lambda route, count: self._wake.set())
         self.signals_sent = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._background.start(self._run())
 
     async def stop(self) -> None:
         self._unsubscribe()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._background.stop()
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TICK_SECONDS):
-                    await self._wake.wait()
-            self._wake.clear()
+            await woken(self._wake, TICK_SECONDS)
             for route in self._routes:
                 try:
                     await self._consider(route)

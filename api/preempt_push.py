@@ -15,7 +15,6 @@ affects live traffic: failures are logged and the next change or tick tries agai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -23,6 +22,7 @@ import httpx
 
 from api.live_traffic import LiveTraffic
 from api.temporal_link import TemporalLink
+from backfill.background import Background, woken
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import LiveCountReport
 from backfill.metrics import PREEMPT_WORKERS
@@ -65,7 +65,7 @@ class PreemptSender:
         self._policies: dict[str, PreemptPolicy | None] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background = Background()
         self._http: httpx.AsyncClient | None = None
         self._posting: dict[str, asyncio.Task[None]] = {}
         """Each worker's report being sent (one at a time per worker, so they arrive in order)."""
@@ -83,26 +83,18 @@ class PreemptSender:
         self._http = httpx.AsyncClient(
             trust_env=False, timeout=SEND_TIMEOUT, transport=self._transport
         )
-        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._refresh())]
+        self._background.start(self._run(), self._refresh())
 
     async def stop(self) -> None:
         self._unsubscribe()
-        tasks = [*self._tasks, *self._posting.values()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._background.stop(*self._posting.values())
         if self._http is not None:
             await self._http.aclose()
 
     async def _run(self) -> None:
         last_keepalive = -1e9
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(KEEPALIVE_SECONDS):
-                    await self._wake.wait()
-            self._wake.clear()
+            await woken(self._wake, KEEPALIVE_SECONDS)
             now = time.monotonic()
             on = [r for r in self.routes if self._policies.get(r) is not None]
             if now - last_keepalive >= KEEPALIVE_SECONDS:

@@ -11,7 +11,6 @@ out from a task of their own, so a slow Temporal never holds the board up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -21,6 +20,7 @@ import uuid
 from temporalio.client import Client
 
 from backfill import refs
+from backfill.background import Background, woken
 from backfill.gates.seats import HELD_BACK_RENEW
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import HeldBackReport
@@ -40,7 +40,7 @@ class HeldBackReporter:
         self._seats: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background()
 
     def changed(self, route: str, seats: int) -> None:
         """The board's seats held back from `route` are now `seats` (on the event loop)."""
@@ -49,22 +49,16 @@ class HeldBackReporter:
         self._wake.set()
 
     def start(self) -> HeldBackReporter:
-        self._task = asyncio.create_task(self._run())
+        self._background.start(self._run())
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._background.stop()
 
     async def _run(self) -> None:
         renewed = time.monotonic()
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(HELD_BACK_RENEW):
-                    await self._wake.wait()
-            self._wake.clear()
+            await woken(self._wake, HELD_BACK_RENEW)
             due, self._dirty = self._dirty, set()
             if time.monotonic() - renewed >= HELD_BACK_RENEW:
                 due |= {r for r, n in self._seats.items() if n > 0}

@@ -13,7 +13,6 @@ a round is being sent go out together in the next one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -21,6 +20,7 @@ import httpx
 from temporalio.client import Client
 
 from activities.preemption import PreemptBoard
+from backfill.background import Background, woken
 from backfill.messages import PeerLinesReport
 from backfill.metrics import PREEMPT_PEERS
 from backfill.preempt_peers import LOOK_EVERY, find_workers
@@ -56,7 +56,7 @@ class PeerSender:
         """Routes this worker has reported lines on (renewed, empty lists too)."""
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background = Background()
         self._http: httpx.AsyncClient | None = None
 
     def changed(self, route: str) -> None:
@@ -69,15 +69,11 @@ class PeerSender:
         self._http = httpx.AsyncClient(
             trust_env=False, timeout=SEND_TIMEOUT, transport=self._transport
         )
-        self._tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._look())]
+        self._background.start(self._send_loop(), self._look())
         return self
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._background.stop()
         if self._http is not None:
             await self._http.aclose()
 
@@ -94,10 +90,7 @@ class PeerSender:
     async def _send_loop(self) -> None:
         last_keepalive = -1e9
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(KEEPALIVE_SECONDS):
-                    await self._wake.wait()
-            self._wake.clear()
+            await woken(self._wake, KEEPALIVE_SECONDS)
             now = time.monotonic()
             if now - last_keepalive >= KEEPALIVE_SECONDS:
                 due, last_keepalive = set(self._routes), now

@@ -14,7 +14,6 @@ channel can neither widen nor narrow a route, nor grow the board with made-up ro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 from collections.abc import Iterable
@@ -23,6 +22,7 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from activities.preemption import PreemptBoard
+from backfill.background import Background
 from backfill.messages import LiveCountReport, PeerLinesReport
 from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
 
@@ -85,17 +85,14 @@ class PolicyReader:
         self._client = client
         self._board = board
         self._routes = sorted(set(routes))
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background()
 
     def start(self) -> PolicyReader:
-        self._task = asyncio.create_task(self._run())
+        self._background.start(self._run())
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._background.stop()
 
     async def read(self) -> None:
         for route in self._routes:

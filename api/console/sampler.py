@@ -9,7 +9,6 @@ worker) gets no sample, which the chart shows as a gap in time. Each api replica
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from api.admin import route_sample
 from api.console.samples import RouteSample, RouteSamples
 from api.errors import TemporalUnavailable
 from api.temporal_link import TemporalLink
+from backfill.background import Background
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +32,13 @@ class RouteSampler:
         self._link = link
         self._routes = list(routes)
         """(route id, its configured batch limit)."""
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="console-route-sampler")
+        self._background.start(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._background.stop()
 
     async def sample_once(self) -> None:
         """One sample of every route that answers."""
