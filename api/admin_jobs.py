@@ -146,13 +146,7 @@ async def retrieve_any_job(
 @router.get(
     "/{job_id}/output",
     response_class=JSONResponse,
-    responses={
-        200: {
-            "description": "The backend's answer body (JSON), once the job is completed",
-            "content": {"application/json": {"schema": {}}},
-        },
-        **error_responses(404, 409),
-    },
+    responses=jobs.output_responses(404, 409),
 )
 async def any_job_output(
     job_id: str, client: ClientDep, store: StoreDep, identity: AdminReaderDep

@@ -187,16 +187,19 @@ async def retrieve_job(
     return await view(store, await job_batch(client, identity, job_id))
 
 
+def output_responses(*errors: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI answers of a job's output route (this one and the admin endpoints')."""
+    answer = {
+        "description": "The backend's answer body (JSON), once the job is completed",
+        "content": {"application/json": {"schema": {}}},
+    }
+    return {200: answer, **error_responses(*errors)}
+
+
 @router.get(
     "/{job_id}/output",
     response_class=JSONResponse,
-    responses={
-        200: {
-            "description": "The backend's answer body (JSON), once the job is completed",
-            "content": {"application/json": {"schema": {}}},
-        },
-        **error_responses(403, 404, 409),
-    },
+    responses=output_responses(403, 404, 409),
 )
 async def job_output(
     job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
