@@ -27,13 +27,12 @@ with workflow.unsafe.imports_passed_through():
     from backfill.gates import seats as seats_gate
     from backfill.gates import server_load as load_gate
     from backfill.gates.backoff import back_off
-    from backfill.gates.live import LiveCount, forget_stale, live_in_flight
+    from backfill.gates.live import LiveCount, forget_stale
     from backfill.gates.seats import held_back_seats, keep_held_back
     from backfill.messages import (
         Ack,
         Allotment,
         BatchSlot,
-        BatchStatusEntry,
         ClosedBatchesInput,
         Demand,
         HeldBackReport,
@@ -46,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
         SchedulerStatus,
         WatchLoadInput,
     )
-    from backfill.reasons import WaitReason
     from backfill.route_settings import ConfiguredSettings
     from workflows import patches
     from workflows.alarm import Alarm
@@ -57,6 +55,13 @@ with workflow.unsafe.imports_passed_through():
         fair_shares,
         fairness_order,
         plan_step,
+    )
+    from workflows.scheduler_view import (
+        current_gate,
+        effective_cap,
+        gate_context,
+        scheduler_details,
+        scheduler_status,
     )
 
 
@@ -292,27 +297,12 @@ class RouteSchedulerWorkflow:
 
     # ---- decisions ----
     def _context(self, now: datetime | None = None) -> GateContext:
-        s = self._state
-        return GateContext(
-            now=now or workflow.now(),
-            backoff=s.backoff,
-            live=s.live,
-            load=s.load,
-            batch_lines=sum(b.held for b in s.batches.values()),
-            cap=s.settings.max_concurrent_lines,
-            held_back=s.held_back if self._held_back_on else {},
-        )
+        return gate_context(self._state, now or workflow.now(), held_back_on=self._held_back_on)
 
     def _gate(self, now: datetime | None = None) -> Gate:
-        """The gates' combined answer as of `now`, the reopen ramp applied from its kept state
-        (a reading: the status query asks it; the decision is `_decide`'s)."""
-        s = self._state
-        context = self._context(now)
-        gate = route_gate(s.settings, context)
-        setting = ramp_gate.ENTRY.setting(s.settings)
-        if setting is not None:
-            gate, _ = ramped(gate, setting, s.ramp, context)
-        return gate
+        """The gates' combined answer as of `now` (a reading: the status query asks it; the
+        decision is `_decide`'s)."""
+        return current_gate(self._state, self._context(now))
 
     def _decide(self) -> Gate:
         """The gate the scheduler acts on now. With the reopen ramp on (patch `reopen-ramp`,
@@ -456,96 +446,3 @@ class RouteSchedulerWorkflow:
 async def _gather(coros: list[Awaitable[None]]) -> list[BaseException | None]:
     results = await asyncio.gather(*coros, return_exceptions=True)
     return [r if isinstance(r, BaseException) else None for r in results]
-
-
-def effective_cap(lines_at_once: int, gate: Gate) -> int:
-    """Batch lines the route allows now: none while a gate is closed, else "Batch lines at
-    once" or the gates' limit (e.g. seats kept free), whichever is lower."""
-    if not gate.open:
-        return 0
-    return lines_at_once if gate.limit is None else min(lines_at_once, gate.limit)
-
-
-def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStatus:
-    """The status query's answer, derived from state and the gate (pure)."""
-    cap = s.settings.max_concurrent_lines
-    if gate.open and gate.limit is not None:
-        cap = min(cap, gate.limit)  # what the route allows now
-    held = sum(b.held for b in s.batches.values())
-    waiting = sorted(
-        (b for b in s.batches.values() if b.wanted > b.allotment),
-        key=lambda b: (b.allotment, b.last_served, b.arrived, b.batch_id),
-    )
-    positions = {b.batch_id: i + 1 for i, b in enumerate(waiting)}
-    entries = []
-    for b in sorted(s.batches.values(), key=lambda b: (b.arrived, b.batch_id)):
-        reason = None
-        if b.wanted > b.allotment:
-            # A closed gate, else the ramp, the route's limit itself or slots other batches hold.
-            others = held - b.held
-            reason = gate.reason or (
-                WaitReason.RAMP
-                if gate.ramping_to is not None
-                else WaitReason.OTHERS_TURN
-                if others > 0
-                else WaitReason.AT_LIMIT
-            )
-        entries.append(
-            BatchStatusEntry(
-                batch_id=b.batch_id,
-                workspace=b.workspace,
-                wanted=b.wanted,
-                allotment=b.allotment,
-                held=b.held,
-                queue_position=positions.get(b.batch_id),
-                reason=reason,
-            )
-        )
-    queued = sum(max(0, b.wanted - b.allotment) for b in s.batches.values())
-    return SchedulerStatus(
-        route_id=s.route_id,
-        settings=s.settings,
-        sources=route_settings.sources_of(s.settings, s.sources),
-        limit=cap,
-        ramping_to=gate.ramping_to,
-        allotted=sum(b.allotment for b in s.batches.values()),
-        held=held,
-        queued_lines=queued,
-        batches=entries,
-        state="open" if gate.open else "paused",
-        reason=gate.reason or (_held_back(gate) if queued else None),
-        reason_detail=gate.detail,
-        live_in_flight=live_in_flight(s.live, now),
-        seats_held_back=held_back_seats(s.held_back, now),
-        backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
-    )
-
-
-def _held_back(gate: Gate) -> WaitReason:
-    """Why lines queue on an open route: the reopen ramp while it grows, else the limit."""
-    return WaitReason.RAMP if gate.ramping_to is not None else WaitReason.AT_LIMIT
-
-
-def scheduler_details(status: SchedulerStatus) -> str:
-    """The route scheduler's "current details" in the Temporal UI (Temporal markdown, pure):
-    state and reason, lines, and each batch's allotment, reason and queue place."""
-    head = f"**{status.state}**"
-    if status.reason:
-        head += f" · {status.reason}"
-    if status.reason_detail:
-        head += f" ({status.reason_detail})"
-    lines = [
-        head,
-        f"limit {status.limit}"
-        + (f" (ramping to {status.ramping_to})" if status.ramping_to is not None else "")
-        + f" · allotted {status.allotted} · queued lines {status.queued_lines}"
-        f" · live in flight {status.live_in_flight}",
-    ]
-    for b in status.batches:
-        line = f"- {b.batch_id} ({b.workspace}): allotment {b.allotment} of {b.wanted} wanted"
-        if b.reason:
-            line += f" · {b.reason}"
-        if b.queue_position:
-            line += f" · place {b.queue_position}"
-        lines.append(line)
-    return "\n".join(lines)

@@ -8,7 +8,7 @@ from backfill.gates import Gate
 from backfill.lanes import Lane, Tries, demand_to_report, pace_to_report
 from backfill.lifecycle import show_done, show_progress
 from backfill.messages import BatchSlot, RouteAssignment, RouteSettings, SchedulerInput
-from workflows.scheduler import scheduler_status
+from workflows.scheduler_view import scheduler_status
 
 
 def lane(total: int = 10, **kw: object) -> Lane:

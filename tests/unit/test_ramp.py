@@ -13,7 +13,7 @@ from backfill.gates import Gate, GateContext, ramped
 from backfill.gates.ramp import RampState, ReopenRamp, ramp
 from backfill.messages import BatchSlot, RouteSettings, SchedulerInput
 from backfill.reasons import WaitReason
-from workflows.scheduler import effective_cap, scheduler_status
+from workflows.scheduler_view import effective_cap, scheduler_status
 
 T0 = 1_700_000_000.0
 SLOW_START = ReopenRamp(initial=1, double_every_s=2.0)

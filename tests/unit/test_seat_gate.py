@@ -15,7 +15,7 @@ from backfill.gates.seats import READING_FRESH_SECONDS, SeatAware, decide
 from backfill.gates.server_load import LoadReading, LoadVerdict
 from backfill.messages import RouteSettings
 from backfill.reasons import WaitReason
-from workflows.scheduler import effective_cap
+from workflows.scheduler_view import effective_cap
 
 NOW = 1_000_000.0
 

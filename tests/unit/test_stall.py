@@ -130,7 +130,7 @@ def test_outcome_classes() -> None:
 
 
 def test_scheduler_details_name_the_reason_and_each_batchs_place() -> None:
-    from workflows.scheduler import scheduler_details
+    from workflows.scheduler_view import scheduler_details
 
     st = status("paused", WaitReason.LIVE, 2)
     st.batches[0].reason, st.batches[0].queue_position = WaitReason.LIVE, 1
