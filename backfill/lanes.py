@@ -5,22 +5,27 @@ that demand changed are decided here and unit-tested without a server.
 
 "The lines of a route" at each stage: `backfill.store.RouteLines` is the store's index entry
 (route, model, line count, written by validation into the batch's index); validation answers
-the workflow with one `backfill.messages.RouteAssignment` per entry (adding its position in the
+the workflow with one `RouteAssignment` per entry (adding its position in the
 route list); the workflow builds a `Lane` from each (`Lane.from_assignment`) and keeps its
 progress there.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, Field
 
 from backfill.gates.backoff import backoff_delay
 from backfill.ids import scheduler_workflow_id
 
-if TYPE_CHECKING:
-    from backfill.messages import RouteAssignment  # messages imports this module
+
+class RouteAssignment(BaseModel):
+    """The lines of a batch assigned to one route at validation (fixed from then on)."""
+
+    index: int
+    """Position in the batch's route list; names the route's line list in the store."""
+    route_id: str
+    model: str
+    total: int
 
 
 class Tries(BaseModel):
