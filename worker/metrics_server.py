@@ -31,6 +31,12 @@ MAX_CONNECTIONS = 32
 """Connections served at once (a thread each); one more is closed at once. Scrapes and the api
 processes' live counts need a handful: the limit keeps a flood of connections from taking the
 threads and memory of the process that runs the batch lines."""
+BACKLOG = 128
+"""Connections the kernel queues, in order, until the server's thread accepts them (then each is
+served, or closed at once beyond `MAX_CONNECTIONS`). socketserver's default is 5: while the
+worker's event loop holds the interpreter, a burst of more (api processes and other workers
+reconnecting, scrapes) had handshakes dropped and their connections stalled for seconds of TCP
+retransmission, past the channel's 1 s send timeout."""
 
 
 def sdk_metrics_bind() -> str:
@@ -42,9 +48,10 @@ def sdk_metrics_bind() -> str:
 
 class BoundedHTTPServer(ThreadingHTTPServer):
     """A `ThreadingHTTPServer` that serves at most `limit` connections at once and closes one
-    more at once (never queued: a queued connection would hold the client waiting)."""
+    more at once (never kept waiting for a slot: that would hold the client waiting)."""
 
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self, address: tuple[str, int], handler: type, limit: int) -> None:
         super().__init__(address, handler)
@@ -156,5 +163,6 @@ class MetricsServer:
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for a serve_forever that never began
+            self.server.shutdown()
         self.server.server_close()

@@ -12,7 +12,7 @@ import pytest
 
 from backfill.config import Settings
 from worker.main import start_metrics
-from worker.metrics_server import MetricsServer, sdk_metrics_bind
+from worker.metrics_server import MAX_CONNECTIONS, MetricsServer, sdk_metrics_bind
 
 SDK_TEXT = b"# TYPE temporal_worker_start counter\ntemporal_worker_start 1\n"
 
@@ -69,3 +69,42 @@ def test_a_taken_port_leaves_the_worker_without_metrics(caplog: pytest.LogCaptur
         settings = Settings(worker_metrics_host="127.0.0.1", worker_metrics_port=port)
         assert start_metrics(settings, sdk_metrics_bind()) is None
     assert "cannot listen" in caplog.text
+
+
+def test_a_burst_of_connections_waits_in_order_and_the_one_beyond_the_limit_is_closed() -> None:
+    """While the server's thread is not accepting (the worker's event loop holds the
+    interpreter), more connections than the limit still connect: the kernel queues them in
+    order. Once accepted, the first `MAX_CONNECTIONS` are served and the one after is closed
+    without an answer. (With socketserver's backlog of 5, the 7th connection's handshake was
+    dropped and it stalled in TCP retransmission.)"""
+    server = MetricsServer("127.0.0.1", 0, None)  # listening, not yet accepting
+    scrape = b"GET /metrics HTTP/1.1\r\nHost: w\r\n\r\n"
+    conns: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 1):
+            # Connecting is the kernel's work alone: a queued connection is connected at once,
+            # one whose handshake is dropped is not connected within the bound.
+            conns.append(socket.create_connection(("127.0.0.1", server.port), timeout=3))
+        for conn in conns:
+            conn.sendall(scrape)
+        server.start()
+        answers = [head(conn) for conn in conns]
+        assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers[:-1]), answers[:-1]
+        assert answers[-1] == b""
+    finally:
+        for conn in conns:
+            conn.close()
+        server.stop()
+
+
+def head(conn: socket.socket) -> bytes:
+    """An answer's status line and headers (the connection stays open: its slot stays held),
+    or b"" when the server closed the connection without one."""
+    conn.settimeout(10)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
