@@ -23,9 +23,11 @@ seats out: `worker.held_back`).
 
 With several workers, each tells the others which lines it has upstream (`own_lines`, sent by
 `worker.peers`; `peer_lines` on arrival), so every worker counts the route's whole picture and
-ends its own lines among the youngest route-wide (docs/decisions/0035). Everything runs on the
-worker's event loop; `report` and `peer_lines` are called there (the HTTP thread hands them
-over).
+ends its own lines among the youngest route-wide (docs/decisions/0035). Lines are ranked by when
+they went upstream as the worker running each one tells it (unix seconds by its clock, ties by
+worker), so every worker ranks them alike, however long a report took to arrive. Everything
+runs on the worker's event loop; `report` and `peer_lines` are called there (the HTTP thread
+hands them over).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from backfill.gates.preempt import PreemptPolicy, excess, held_back, lines_to_preempt, may_send
 from backfill.metrics import BATCH_SEATS_HELD_BACK, PREEMPT_ON, REPORTING_PROCESSES
@@ -67,6 +70,8 @@ class Ticket:
     """Times the line was preempted before."""
     sent_at: float | None = None
     """When it went upstream (None: still at the door)."""
+    sent_wall: float = 0.0
+    """When it went upstream in unix seconds: its rank among the route's lines on every worker."""
     preempted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -77,12 +82,22 @@ class _Report:
     ttft_ms: float | None = None
 
 
+class OwnLine(NamedTuple):
+    """One of this worker's lines upstream, as the other workers are told of it."""
+
+    age: float
+    """Seconds since it went upstream."""
+    preemptible: bool
+    started_at: float
+    """When it went upstream, in unix seconds by this worker's clock."""
+
+
 @dataclass
 class _PeerLines:
     """The batch lines another worker has upstream on a route, as it last reported them."""
 
     started: list[float]
-    """When each went upstream, on this board's clock."""
+    """When each went upstream, in unix seconds by the clock of the worker that runs it."""
     preemptible: list[bool]
     at: float
 
@@ -109,10 +124,16 @@ class PreemptBoard:
         on_held_back: Callable[[str, int], None] | None = None,
         door_limit: float = DOOR_LIMIT,
         on_lines: Callable[[str], None] | None = None,
+        wall: Callable[[], float] = time.time,
+        worker: str = "",
     ) -> None:
         self.on_lines = on_lines
         """Called with the route whenever this worker's lines upstream on it change."""
         self._clock = clock
+        self._wall = wall
+        """Unix seconds: when lines went upstream, as every worker ranks them."""
+        self.worker = worker
+        """This worker's id, as the other workers know it (ties between lines)."""
         self.door_limit = door_limit
         """Seconds a line waits at the door at most (`DOOR_LIMIT`)."""
         self._routes: dict[str, _Route] = {}
@@ -150,41 +171,55 @@ class PreemptBoard:
         self._wake(r)
         return self._preempt(route)
 
-    def peer_lines(self, route: str, worker: str, lines: list[tuple[float, bool]]) -> int:
+    def peer_lines(
+        self,
+        route: str,
+        worker: str,
+        lines: Sequence[tuple[float, bool]],
+        started_at: Sequence[float] | None = None,
+    ) -> int:
         """Another worker's lines upstream on `route` (each: seconds since it went upstream,
-        whether it may still be preempted); returns how many of this worker's lines were told
-        to stop. Workers that stopped reporting are forgotten; one beyond `MAX_PEERS` is not
-        kept."""
+        whether it may still be preempted; `started_at`: when each went upstream, in unix
+        seconds by that worker's clock, else placed by its age on arrival, as a worker of 0.2.0
+        reports); returns how many of this worker's lines were told to stop. Workers that
+        stopped reporting are forgotten; one beyond `MAX_PEERS` is not kept."""
         r = self._route(route)
         now = self._clock()
         r.peers = {w: p for w, p in r.peers.items() if now - p.at < REPORT_TTL}
         if worker not in r.peers and len(r.peers) >= MAX_PEERS:
             return 0
-        r.peers[worker] = _PeerLines([now - age for age, _ in lines], [p for _, p in lines], now)
+        if started_at is None:
+            wall = self._wall()
+            started_at = [wall - age for age, _ in lines]
+        r.peers[worker] = _PeerLines(list(started_at), [p for _, p in lines], now)
         self._wake(r)
         return self._preempt(route)
 
-    def own_lines(self, route: str) -> list[tuple[float, bool]]:
-        """This worker's lines upstream on `route` and not told to stop, for the other workers:
-        (seconds since each went upstream, whether it may still be preempted)."""
+    def own_lines(self, route: str) -> list[OwnLine]:
+        """This worker's lines upstream on `route` and not told to stop, for the other
+        workers."""
         r = self._route(route)
         now = self._clock()
         bound = r.policy.max_preemptions if r.policy is not None else None
         return [
-            (max(0.0, now - t.sent_at), bound is None or t.preemptions < bound)
+            OwnLine(max(0.0, now - t.sent_at), bound is None or t.preemptions < bound, t.sent_wall)
             for t in r.tickets
             if t.sent_at is not None and not t.preempted.is_set()
         ]
 
-    def _peers_fresh(self, r: _Route) -> tuple[list[float], list[bool]]:
+    def _peers_fresh(self, r: _Route) -> tuple[list[float], list[bool], list[str]]:
+        """The other workers' lines still renewed: when each went upstream (unix seconds),
+        whether it may be preempted, and the worker that runs it."""
         now = self._clock()
         started: list[float] = []
         preemptible: list[bool] = []
-        for p in r.peers.values():
+        owners: list[str] = []
+        for worker, p in r.peers.items():
             if now - p.at < REPORT_TTL:
                 started += p.started
                 preemptible += p.preemptible
-        return started, preemptible
+                owners += [worker] * len(p.started)
+        return started, preemptible, owners
 
     def _lines_changed(self, route: str) -> None:
         if self.on_lines is not None:
@@ -249,15 +284,17 @@ class PreemptBoard:
         if policy is None:
             return 0
         sending = [t for t in r.tickets if t.sent_at is not None and not t.preempted.is_set()]
-        peer_started, peer_preemptible = self._peers_fresh(r)
+        peer_started, peer_preemptible, peer_owners = self._peers_fresh(r)
         n = excess(policy, live, len(sending) + len(peer_started))
         if n == 0:
             return 0
-        # The youngest lines route-wide; each worker ends its own among them (decision 0035).
+        # The youngest lines route-wide, ranked alike on every worker (each line by the time its
+        # own worker tells); each worker ends its own among them (decision 0035).
         chosen = lines_to_preempt(
-            [t.sent_at or 0.0 for t in sending] + peer_started,
+            [t.sent_wall for t in sending] + peer_started,
             [t.preemptions < policy.max_preemptions for t in sending] + peer_preemptible,
             n,
+            [self.worker] * len(sending) + peer_owners,
         )
         mine = [i for i in chosen if i < len(sending)]
         for i in mine:
@@ -291,6 +328,7 @@ class PreemptBoard:
                 async with asyncio.timeout(min(DOOR_RECHECK, left)):
                     await r.changed.wait()
         ticket.sent_at = self._clock()
+        ticket.sent_wall = self._wall()
         self._lines_changed(ticket.route)
         return True
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backfill.batches import Batch, BatchError, TokenCounts
 from backfill.gates.backoff import Backoff
@@ -191,6 +191,18 @@ class PeerLinesReport(BaseModel):
         max_length=4096
     )
     """Each line: seconds since it went upstream, whether it may still be preempted."""
+    started_at: list[Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False)]] | None = Field(
+        default=None, max_length=4096
+    )
+    """When each line went upstream, in unix seconds by the sending worker's clock: every
+    worker ranks the route's lines by these same numbers, so all choose the same ones (None: a
+    worker of 0.2.0, whose lines are ranked by their age on arrival)."""
+
+    @model_validator(mode="after")
+    def _one_time_a_line(self) -> PeerLinesReport:
+        if self.started_at is not None and len(self.started_at) != len(self.lines):
+            raise ValueError("started_at must give one time for each line")
+        return self
 
 
 class WatchLoadInput(BaseModel):

@@ -222,7 +222,7 @@ async def serve(settings: Settings) -> None:
     if settings.preempt_token and runs_activities(settings.worker_role):
         routes = [r.id for m in settings.models for r in m.routes]
         held_back = HeldBackReporter(client).start()
-        board = PreemptBoard(on_held_back=held_back.changed)
+        board = PreemptBoard(on_held_back=held_back.changed, worker=held_back.worker)
         policies = PolicyReader(client, board, routes).start()
         loop = asyncio.get_running_loop()
         channel = PreemptChannel(

@@ -3,7 +3,8 @@
 Preemption must count every batch line upstream on a route, whichever worker runs it
 (docs/decisions/0035). The board calls `changed(route)` whenever this worker's lines there change
 (a line goes upstream, ends, or is told to stop); a task of its own sends the route's lines (each:
-seconds since it went upstream, whether it may still be preempted) to every other worker's
+seconds since it went upstream, whether it may still be preempted, and when it went upstream in
+unix seconds, the rank every worker gives it) to every other worker's
 channel (`POST /preempt/lines`, the shared token), at once and as a keep-alive every second
 (a worker forgets another's lines not renewed in 5 s). The other workers are found as the api
 processes find them: polling the task queue (`backfill.preempt_peers`). Changes that come while
@@ -102,8 +103,12 @@ class PeerSender:
 
     async def _send(self, route: str) -> None:
         assert self._http is not None
+        own = self._board.own_lines(route)
         report = PeerLinesReport(
-            worker=self.worker, route=route, lines=self._board.own_lines(route)
+            worker=self.worker,
+            route=route,
+            lines=[(line.age, line.preemptible) for line in own],
+            started_at=[line.started_at for line in own],
         )
         body = report.model_dump_json().encode()
 

@@ -62,7 +62,11 @@ class PreemptChannel:
                     return 400
                 if lines.worker != self.worker:  # its own report, sent to itself: not a peer
                     self.loop.call_soon_threadsafe(
-                        self.board.peer_lines, lines.route, lines.worker, lines.lines
+                        self.board.peer_lines,
+                        lines.route,
+                        lines.worker,
+                        lines.lines,
+                        lines.started_at,
                     )
                 return 204
             report = LiveCountReport.model_validate_json(body)

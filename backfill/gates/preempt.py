@@ -100,12 +100,18 @@ def may_send(policy: PreemptPolicy, live: int, batch_sending: int) -> bool:
 
 
 def lines_to_preempt(
-    started: Sequence[float], preemptible: Sequence[bool], count: int
+    started: Sequence[float],
+    preemptible: Sequence[bool],
+    count: int,
+    owners: Sequence[str] | None = None,
 ) -> list[int]:
-    """Indexes of the `count` youngest preemptible lines (latest `started` first). The youngest
-    have generated the least, so ending them wastes the least."""
+    """Indexes of the `count` youngest preemptible lines (latest `started` first; equal ones by
+    `owners`, the worker running each, so every worker holding the same lines chooses the same).
+    The youngest have generated the least, so ending them wastes the least."""
     order = sorted(
-        (i for i in range(len(started)) if preemptible[i]), key=lambda i: started[i], reverse=True
+        (i for i in range(len(started)) if preemptible[i]),
+        key=lambda i: (started[i], owners[i] if owners is not None else ""),
+        reverse=True,
     )
     return order[: max(0, count)]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, submit
@@ -18,11 +17,6 @@ from tools.sim import SimConfig
 WORKERS = 3
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky in a clean-clone run (2026-12-02: no line preempted within 10 s); issue 34 "
-    "stays open until it is made reliable",
-)
 async def test_one_live_request_ends_exactly_one_line_across_three_workers(
     tmp_path: Path, dev_server: TemporalServer
 ) -> None:

@@ -8,10 +8,27 @@ import json
 
 from activities.preemption import REPORT_TTL, PreemptBoard
 from backfill.gates.preempt import PreemptPolicy
+from backfill.messages import PeerLinesReport
 from tests.unit.test_preemption import Clock
 from worker.preempt_channel import LINES_PATH, PreemptChannel
 
 POLICY = PreemptPolicy(batch_seats=3, max_preemptions=100)
+
+
+def report_of(board: PreemptBoard, worker: str, route: str = "r1") -> PeerLinesReport:
+    """The lines report `board`'s worker sends the others now (`worker.peers`)."""
+    own = board.own_lines(route)
+    return PeerLinesReport(
+        worker=worker,
+        route=route,
+        lines=[(line.age, line.preemptible) for line in own],
+        started_at=[line.started_at for line in own],
+    )
+
+
+def deliver(board: PreemptBoard, report: PeerLinesReport) -> int:
+    """`report` arriving at `board` (what `worker.preempt_channel` hands the loop)."""
+    return board.peer_lines(report.route, report.worker, report.lines, report.started_at)
 
 
 async def sent_line(board: PreemptBoard, clock: Clock, at: float, route: str = "r1") -> object:
@@ -23,22 +40,100 @@ async def sent_line(board: PreemptBoard, clock: Clock, at: float, route: str = "
 
 async def test_the_youngest_line_route_wide_is_ended_by_its_own_worker_only() -> None:
     clock_a, clock_b = Clock(), Clock()
-    a, b = PreemptBoard(clock_a), PreemptBoard(clock_b)
+    a, b = PreemptBoard(clock_a, wall=clock_a), PreemptBoard(clock_b, wall=clock_b)
     for board in (a, b):
         board.set_policy("r1", POLICY)
     older = await sent_line(a, clock_a, 1000.0)  # A: one line, the oldest
     b1 = await sent_line(b, clock_b, 1001.0)
     b2 = await sent_line(b, clock_b, 1002.0)  # B: two lines, the youngest route-wide
     clock_a.now = clock_b.now = 1003.0
-    a.peer_lines("r1", "B", b.own_lines("r1"))
-    b.peer_lines("r1", "A", a.own_lines("r1"))
+    deliver(a, report_of(b, "B"))
+    deliver(b, report_of(a, "A"))
     # One live request needs one of the 3 shared seats: every worker sees 3 lines + 1 live.
     assert a.report("r1", "api", 1) == 0  # its line is not the youngest
     assert b.report("r1", "api", 1) == 1
     assert [t.preempted.is_set() for t in (older, b1, b2)] == [False, False, True]  # type: ignore[attr-defined]
     # B tells A; a second report changes nothing (none twice, never more than needed).
-    a.peer_lines("r1", "B", b.own_lines("r1"))
+    deliver(a, report_of(b, "B"))
     assert a.report("r1", "api", 1) == 0 and b.report("r1", "api", 1) == 0
+
+
+class Machine:
+    """One worker's clocks: a monotonic one from 0 and a wall clock `offset` seconds off
+    the true time `world.now`."""
+
+    def __init__(self, world: Clock, offset: float = 0.0) -> None:
+        self.world, self.offset = world, offset
+
+    def monotonic(self) -> float:
+        return self.world.now - 1000.0
+
+    def wall(self) -> float:
+        return 1.8e9 + self.world.now + self.offset
+
+
+async def two_workers_two_lines(b_offset: float) -> tuple[Clock, PreemptBoard, PreemptBoard]:
+    """Workers A and B, each with one line upstream on a route of 2 shared seats: A's went
+    at 1000.00, B's 10 ms later (the scheduler allots lines together, so they start close)."""
+    world = Clock()
+    ma, mb = Machine(world), Machine(world, b_offset)
+    policy = PreemptPolicy(batch_seats=2, max_preemptions=100)
+    a = PreemptBoard(ma.monotonic, wall=ma.wall, worker="A")
+    b = PreemptBoard(mb.monotonic, wall=mb.wall, worker="B")
+    for board in (a, b):
+        board.set_policy("r1", policy)
+    world.now = 1000.0
+    assert await a.door(a.enter("r1", 0))
+    world.now = 1000.01
+    assert await b.door(b.enter("r1", 0))
+    return world, a, b
+
+
+async def test_a_report_that_takes_longer_to_arrive_than_lines_are_apart_ends_one_line() -> None:
+    """Each worker's report reaches the other 50 ms after it was made (a loaded machine: the
+    HTTP thread, then the event loop): more than the 10 ms between the two lines. Ranked by
+    their age on arrival, each worker took the other's line for the younger one and neither
+    ended a line for the live request; ranked by the time each line's own worker tells, both
+    see the same youngest line and exactly one is ended, by its worker."""
+    world, a, b = await two_workers_two_lines(b_offset=0.0)
+    world.now = 1000.5
+    from_a, from_b = report_of(a, "A"), report_of(b, "B")
+    world.now = 1000.55
+    deliver(a, from_b)
+    deliver(b, from_a)
+    ended = a.report("r1", "api", 1) + b.report("r1", "api", 1)
+    assert ended == 1
+    assert [t.preempted.is_set() for board in (a, b) for t in board._routes["r1"].tickets] == [
+        False,
+        True,
+    ]
+
+
+async def test_workers_whose_clocks_disagree_still_end_exactly_one_line() -> None:
+    """B's clock is 2 s ahead: by the clocks, B's line looks the younger by 2 s, and both
+    workers rank it so (the same numbers everywhere), so one line is ended, not two or none."""
+    world, a, b = await two_workers_two_lines(b_offset=2.0)
+    world.now = 1000.5
+    deliver(a, report_of(b, "B"))
+    deliver(b, report_of(a, "A"))
+    assert a.report("r1", "api", 1) + b.report("r1", "api", 1) == 1
+    # A's clock ahead instead: A's line is the one ended, still one.
+    world, a, b = await two_workers_two_lines(b_offset=-2.0)
+    world.now = 1000.5
+    deliver(a, report_of(b, "B"))
+    deliver(b, report_of(a, "A"))
+    assert a.report("r1", "api", 1) == 1 and b.report("r1", "api", 1) == 0
+
+
+async def test_a_report_without_times_is_ranked_by_age_on_arrival() -> None:
+    """A worker of 0.2.0 sends ages only: its lines still count, placed by their age."""
+    world, a, b = await two_workers_two_lines(b_offset=0.0)
+    world.now = 1000.5
+    old = report_of(b, "B").model_copy(update={"started_at": None})
+    deliver(a, old)
+    deliver(b, report_of(a, "A"))
+    assert a.report("r1", "api", 1) == 0  # B's line, 10 ms younger, is still the youngest
+    assert b.report("r1", "api", 1) == 1
 
 
 async def test_the_door_counts_the_other_workers_lines_until_they_go_silent() -> None:
@@ -68,6 +163,9 @@ async def test_a_lines_report_needs_a_configured_route_and_bounded_lines() -> No
     assert channel.handle(auth, body(route="nope"), LINES_PATH) == 400
     assert channel.handle(auth, body(lines=[[-1, True]]), LINES_PATH) == 400
     assert channel.handle(auth, body(lines=[[1.0, True]] * 4097), LINES_PATH) == 400
+    assert channel.handle(auth, body(started_at=[1.8e9, 1.8e9]), LINES_PATH) == 400  # 2 for 1
+    assert channel.handle(auth, body(started_at=[-1.0]), LINES_PATH) == 400
+    assert channel.handle(auth, body(started_at=[float("inf")]), LINES_PATH) == 400
     assert channel.handle("Bearer x", body(), LINES_PATH) == 401
     await asyncio.sleep(0)
     assert list(board._routes["r1"].peers) == ["B"]
