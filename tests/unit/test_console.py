@@ -18,6 +18,7 @@ from api.console.samples import WINDOW_SECONDS, RouteSample, RouteSamples
 from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionsFull, SessionTable
 from api.console.usage_page import daily_rows
 from api.deps import Identity
+from api.schemas import BatchScheduling, PreemptChannelStatus, SchedulingStatus
 from backfill.config import ApiKeyConfig, Settings, hash_key
 from backfill.messages import RouteSettings
 from backfill.usage import UsageTotal
@@ -340,16 +341,36 @@ def test_the_batch_page_shows_the_pace_the_expected_finish_and_the_risk() -> Non
     assert "2.5 lines/s" in html and "1970-01-02 01:00:00 UTC" in html and "at risk" in html
 
 
-def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
+def route_page(doc: BatchScheduling) -> str:
+    """The console's route page for `doc`, as an auditor sees it."""
     from starlette.requests import Request
 
     from api.console.sessions import SessionTable
     from api.console.web import templates
-    from api.schemas import BatchScheduling, SchedulingStatus
     from backfill.gates import SETTINGS_GATES
-    from backfill.reasons import LEGITIMATE_WAITS, WaitReason
+    from backfill.reasons import LEGITIMATE_WAITS
 
     admin = Identity(workspace="ops", role="auditor", key_name="ops")
+    request = Request({"type": "http", "query_string": b"", "headers": [], "path": "/"})
+    return templates.get_template("route.html").render(
+        request=request,
+        session=SessionTable().create(admin, now=0),
+        identity=admin,
+        doc=doc,
+        route=None,
+        chart=route_chart([], now=0),
+        values=form_values(doc.settings),
+        errors={},
+        gates=SETTINGS_GATES,
+        legitimate=LEGITIMATE_WAITS,
+        can_edit=False,
+        saved=False,
+    )
+
+
+def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
+    from backfill.reasons import WaitReason
+
     settings = RouteSettings.model_validate(
         {
             "max_concurrent_lines": 8,
@@ -368,31 +389,70 @@ def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
         wasted_tokens=1234,
         batches=[],
     )
-    request = Request({"type": "http", "query_string": b"", "headers": [], "path": "/"})
-
-    def page(doc: BatchScheduling) -> str:
-        return templates.get_template("route.html").render(
-            request=request,
-            session=SessionTable().create(admin, now=0),
-            identity=admin,
-            doc=doc,
-            route=None,
-            chart=route_chart([], now=0),
-            values=form_values(doc.settings),
-            errors={},
-            gates=SETTINGS_GATES,
-            legitimate=LEGITIMATE_WAITS,
-            can_edit=False,
-            saved=False,
-        )
-
-    html = page(BatchScheduling(route="r1", settings=settings, status=status))
+    html = route_page(BatchScheduling(route="r1", settings=settings, status=status))
     assert "2 of 2 at most (ramping up to 8 after a reopen)" in html
     assert "Ramping up after a reopen" in html
     assert "7 line runs, ~1234 tokens wasted" in html
     assert "from 1 line, doubling every 2 s" in html  # the read-only settings
     # A route without preemption, which never had a line preempted, shows no such row.
     plain = status.model_copy(update={"ramping_to": None, "preempted_lines": 0})
-    html = page(BatchScheduling(route="r1", settings=RouteSettings(), status=plain))
+    html = route_page(BatchScheduling(route="r1", settings=RouteSettings(), status=plain))
     assert "ramping up" not in html and "Preempted for live traffic" not in html
     assert "off (all at once)" in html
+
+
+def channel_row(html: str) -> tuple[str, bool] | None:
+    """The route page's "Preemption channel" row as an operator reads it (tags dropped), and
+    whether it is shown as a warning; None: no such row."""
+    found = re.search(r'data-testid="preempt-channel">(.*?)</dd>', html, re.S)
+    if found is None:
+        return None
+    text = re.sub(r"<[^>]+>", "", found.group(1))
+    return " ".join(text.split()), 'class="warning"' in found.group(1)
+
+
+@pytest.mark.parametrize(
+    ("preempt", "channel", "row"),
+    [
+        (
+            True,
+            None,
+            (
+                "off (no BACKFILL_PREEMPT_TOKEN): preemption is set but no line is ever preempted",
+                True,
+            ),
+        ),
+        (
+            True,
+            PreemptChannelStatus(workers_found=2, workers_reached=0),
+            ("preemption is set but no worker is reachable (2 found)", True),
+        ),
+        (
+            True,
+            PreemptChannelStatus(workers_found=3, workers_reached=2),
+            ("on: 2 of 3 workers reached", False),
+        ),
+        (
+            False,
+            PreemptChannelStatus(workers_found=1, workers_reached=1),
+            ("ready (preemption not set): 1 of 1 workers reached", False),
+        ),
+        (False, None, None),
+    ],
+    ids=["set-no-token", "set-none-reached", "on", "ready", "neither"],
+)
+def test_the_route_page_says_whether_preemption_can_act(
+    preempt: bool, channel: PreemptChannelStatus | None, row: tuple[str, bool] | None
+) -> None:
+    """Issue 34, item 5: an operator reads on the route page whether preemption is on and how
+    many workers the channel reaches; set but unable to act is a warning."""
+    doc: dict[str, object] = {"seat_aware": {"seats": 4}}
+    if preempt:
+        doc["preempt"] = {"max_preemptions": 3}
+    status = SchedulingStatus(
+        queued_lines=0, running_lines=0, limit=4, preempt_channel=channel, batches=[]
+    )
+    html = route_page(
+        BatchScheduling(route="r1", settings=RouteSettings.model_validate(doc), status=status)
+    )
+    assert channel_row(html) == row
