@@ -8,8 +8,9 @@ is what batch listings filter by. A test may therefore count on a workspace hold
 batches it made, whatever ran before it. The api keys (`sk-test-alpha`, ...) are read by each
 stack's own api from its own config, so they never meet another stack's.
 
-`stop()` ends the stack's batches first (cancel, then wait; terminate what does not end) and
-terminates its route schedulers, so nothing a test started keeps running into the next one.
+`stop()` kills the stack's processes and terminates every workflow still running on its task
+queue (batches, admission, route schedulers), so nothing a test started keeps running into the
+next one.
 
 A shared stack (`SharedStacks`, the `shared_stack` and `lease_stack` fixtures) is one set of
 processes per distinct set of options for the whole session, holding `tenants` key sets. Each test
@@ -405,15 +406,31 @@ class Stack:
             await self.wait_routes_idle()
             return
         try:
-            if any(w.running for w in self.workers):
-                await self.end_batches()
-        finally:
-            # Together: each waits for its own process to exit (SIGTERM, then SIGKILL).
+            # Its processes go at once (SIGKILL: no test asserts on how a teardown exits; the
+            # graceful shutdown tests stop their processes themselves), then every workflow
+            # still running on its task queue is terminated, so nothing the test started keeps
+            # running into the next one, and no worker is needed for that.
             await asyncio.gather(
-                *(asyncio.to_thread(child.stop) for child in [self.api, *self.workers])
+                *(asyncio.to_thread(child.kill) for child in [self.api, *self.workers])
             )
+            await self.terminate_workflows()
+        finally:
             for sim in self.sims:
                 await sim.stop()
+
+    async def terminate_workflows(self) -> None:
+        """Terminate every running workflow of the stack's task queue (its batches, admission
+        and route schedulers) and every route scheduler it had, all at once."""
+        temporal = await connect_client(self.temporal_address)
+        query = f"TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
+        ids = {ex.id async for ex in temporal.list_workflows(query)}
+        ids |= {scheduler_workflow_id(route) for route in self.route_sims}  # also those removed
+
+        async def terminate(workflow_id: str) -> None:
+            with contextlib.suppress(RPCError):  # never started, or already ended
+                await temporal.get_workflow_handle(workflow_id).terminate("test stack stopped")
+
+        await asyncio.gather(*(terminate(workflow_id) for workflow_id in sorted(ids)))
 
     async def wait_routes_idle(self, within: float = 60) -> None:
         """Until no route scheduler of the stack counts a batch or a held slot (an ended batch
@@ -444,29 +461,34 @@ class Stack:
             interval=0.2,
         )
 
-    async def end_batches(self, within: float = 90, workspaces: list[str] | None = None) -> None:
-        """Cancel the stack's running batches and wait until they ended (terminating what did
-        not end in time), then terminate its route schedulers, which never end by themselves.
-        With `workspaces` (a lease's), only those workspaces' batches, and no scheduler."""
+    async def end_batches(self, workspaces: list[str], within: float = 90) -> None:
+        """Cancel the running batches of these workspaces (a lease's) and wait until they ended,
+        terminating what did not end in time. The signals and the checks go out together."""
         temporal = await connect_client(self.temporal_address)
-        query = f"TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
-        if workspaces is not None:
-            names = ", ".join(f"'{ws}'" for ws in workspaces)
-            query += f" AND {WORKSPACE.name} IN ({names})"
+        names = ", ".join(f"'{ws}'" for ws in workspaces)
+        query = (
+            f"TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
+            f" AND {WORKSPACE.name} IN ({names})"
+        )
         running = [ex async for ex in temporal.list_workflows(query)]
         batches = [ex.id for ex in running if ex.workflow_type == "BatchWorkflow"]
-        for batch_id in batches:
+
+        async def cancel(batch_id: str) -> None:
             handle = temporal.get_workflow_handle_for(BatchWorkflow.run, batch_id)
             with contextlib.suppress(RPCError):  # it may have ended meanwhile
                 await handle.signal(BatchWorkflow.cancel)
 
+        await asyncio.gather(*(cancel(batch_id) for batch_id in batches))
+
         async def still_running() -> list[str]:
-            left = []
-            for batch_id in batches:
-                desc = await temporal.get_workflow_handle(batch_id).describe()
-                if desc.status == WorkflowExecutionStatus.RUNNING:
-                    left.append(batch_id)
-            return left
+            descs = await asyncio.gather(
+                *(temporal.get_workflow_handle(batch_id).describe() for batch_id in batches)
+            )
+            return [
+                batch_id
+                for batch_id, desc in zip(batches, descs, strict=True)
+                if desc.status == WorkflowExecutionStatus.RUNNING
+            ]
 
         try:
             await poll_until(
@@ -481,13 +503,6 @@ class Stack:
             for batch_id in await still_running():
                 with contextlib.suppress(RPCError):
                     await temporal.get_workflow_handle(batch_id).terminate("test stack stopped")
-        if workspaces is not None:
-            return
-        for route in self.route_sims:  # every route it had, also those since removed
-            with contextlib.suppress(RPCError):  # never started, or already ended
-                await temporal.get_workflow_handle(scheduler_workflow_id(route)).terminate(
-                    "test stack stopped"
-                )
 
 
 def toml_tables(name: str, table: dict[str, Any]) -> list[str]:
