@@ -14,7 +14,8 @@ from tests.e2e.stack import Stack, wait_terminal
 RESPONSES = "/v1/responses"
 
 
-async def test_live_background_and_chaining_are_refused(stack: Stack) -> None:
+async def test_live_background_and_chaining_are_refused(shared_stack: Stack) -> None:
+    stack = shared_stack
     oa = stack.client()
     sent = len(stack.sim.app.seen)
     for extra in ({"background": True}, {"previous_response_id": "resp_someone_elses"}):
@@ -30,7 +31,8 @@ async def test_live_background_and_chaining_are_refused(stack: Stack) -> None:
     assert resp.output_text == "Simulated one two"
 
 
-async def test_a_batch_line_asking_for_background_fails_validation(stack: Stack) -> None:
+async def test_a_batch_line_asking_for_background_fails_validation(shared_stack: Stack) -> None:
+    stack = shared_stack
     oa = stack.client()
     lines = [
         {"custom_id": "plain", "method": "POST", "url": RESPONSES,
