@@ -247,7 +247,7 @@ def test_an_answer_is_written_byte_for_byte_as_the_upstream_sent_it(tmp_path: Pa
 
 @given(
     st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(alphabet=st.characters()),
+        st.none() | st.booleans() | st.integers() | st.text(alphabet=st.characters(codec="utf-8")),
         lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
         max_leaves=12,
     ),
