@@ -21,6 +21,7 @@ from backfill.messages import (
     RouteSettings,
     SchedulerInput,
 )
+from tests.workflows.ending import terminate_if_running
 from tests.workflows.seat_batch import SeatBatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
 
@@ -67,5 +68,5 @@ async def seat_route(
         try:
             yield SeatRoute(batch, scheduler)
         finally:
-            await scheduler.terminate()
-            await batch.terminate()
+            await terminate_if_running(client, scheduler.id)  # it may have continued as new
+            await terminate_if_running(client, batch.id)

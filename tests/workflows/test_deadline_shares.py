@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import RouteSettings, SchedulerInput
+from tests.workflows.ending import terminate_if_running
 from tests.workflows.events import E, patch_marker, require
 from tests.workflows.paced_batch import PacedBatch, PacedBatchWorkflow, PacedOutcome
 from tests.workflows.seat_route import none_closed
@@ -87,8 +88,7 @@ async def test_a_24h_batch_behind_a_168h_batch_finishes_and_so_does_the_168h_one
             require(history, E.EVENT_TYPE_MARKER_RECORDED, "deadline-aware marker", marker)
             with (Path(__file__).parent / "histories" / save_as).open("x") as f:  # never overwrite
                 f.write(history.to_json())
-        # by id: the scheduler may have continued as new meanwhile
-        await client.get_workflow_handle(scheduler.id).terminate()
+        await terminate_if_running(client, scheduler.id)  # it may have continued as new
 
     assert (short_outcome.finished, short_outcome.completed) == (30, True), short_outcome
     assert (long_outcome.finished, long_outcome.completed) == (200, True), long_outcome
