@@ -5,6 +5,7 @@ Raised by type anywhere in the api; mapped to responses in one place (`install`)
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.schemas import ErrorDetail, ErrorResponse
+from backfill import search_attributes as sa
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,38 @@ class TemporalUnavailable(Unavailable):
         super().__init__(f"{message} {detail}".strip(), code="temporal_unavailable")
 
 
+class SearchAttributeMissing(Unavailable):
+    """The namespace lacks a search attribute backfill writes: 503 until an operator adds it."""
+
+    def __init__(self, name: str) -> None:
+        kind = sa.ALL.get(name, "Keyword")
+        super().__init__(
+            f"The batch service cannot record this batch: the Temporal namespace has no search "
+            f"attribute '{name}'. An operator adds it with `temporal operator search-attribute "
+            f"create --name {name} --type {kind}`; `backfill doctor` checks them all.",
+            code="search_attribute_missing",
+        )
+
+
+_UNREGISTERED = (
+    re.compile(r"no mapping defined for search attribute (\w+)"),  # the dev server
+    re.compile(r"search attribute (\w+) is not defined"),
+)
+
+
+def unregistered_search_attribute(err: RPCError) -> str | None:
+    """The name of the search attribute Temporal refused as not registered, if that is the
+    error (INVALID_ARGUMENT; e.g. "Namespace default has no mapping defined for search attribute
+    BackfillRetryOf" from the dev server)."""
+    if err.status != RPCStatusCode.INVALID_ARGUMENT:
+        return None
+    for pattern in _UNREGISTERED:
+        found = pattern.search(err.message)
+        if found:
+            return found.group(1)
+    return None
+
+
 TEMPORAL_TRANSIENT = frozenset(
     {
         RPCStatusCode.UNAVAILABLE,
@@ -154,6 +188,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RPCError)
     async def _temporal_rpc(request: Request, exc: RPCError) -> JSONResponse:
+        missing = unregistered_search_attribute(exc)
+        if missing is not None:
+            log.error("search attribute %s is not registered on the namespace", missing)
+            return _response(SearchAttributeMissing(missing))
         if exc.status not in TEMPORAL_TRANSIENT:
             return await _unexpected(request, exc)
         log.warning("Temporal unavailable on %s %s: %s", request.method, request.url.path, exc)

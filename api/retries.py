@@ -2,7 +2,8 @@
 the same workspace carries the search attribute `BackfillRetryOf`, and the original lists its
 retries (`backfill.retries`) by a visibility query on it.
 Like every backfill search attribute, `BackfillRetryOf` must be registered on the namespace
-(docs/operator-guide.md); where it is not, no retries are listed."""
+(docs/operator-guide.md); where it is not, no retries are listed, and a create that links one
+answers 503 `search_attribute_missing` naming it (api/errors.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
+from api.errors import unregistered_search_attribute
+from backfill import search_attributes as sa
 from backfill.config import hash_key
 from backfill.search_attributes import ALL
 from tests.polling import poll_until
@@ -81,6 +87,19 @@ async def test_a_namespace_missing_a_search_attribute(tmp_path: Path) -> None:
         assert f"✓ Temporal: reachable at {server.address}" in out, out
         assert "✓ route doctor-sim:" in out, out
         assert out.count("✗") == 1, out
+
+        # Meanwhile the api answers a create that needs the attribute (a retry) with a 503 that
+        # names it (api/errors.py): this server's refusal is one the api recognises.
+        temporal = await Client.connect(server.address, namespace=server.namespace)
+        link = [SearchAttributePair(sa.WORKSPACE, "dev"), SearchAttributePair(sa.RETRY_OF, "b")]
+        with pytest.raises(RPCError) as refused:
+            await temporal.start_workflow(
+                "BatchWorkflow",
+                id="batch_doctor_retry",
+                task_queue="nobody-polls",
+                search_attributes=TypedSearchAttributes(link),
+            )
+        assert unregistered_search_attribute(refused.value) == "BackfillRetryOf", refused.value
 
         # The command it prints, run as printed, fixes it.
         argv = [str(temporal_cli_path()), *command.split()[1:], "--address", server.address]
