@@ -22,10 +22,11 @@ from api.errors import Conflict, InvalidRequest, NotFound
 from api.eta import fill_eta
 from api.retries import retries_of, retry_link
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
+from api.submit_estimate import estimate_at_submit, history_of
 from backfill import search_attributes as sa
 from backfill import tracing
 from backfill.admission import ReserveRequest
-from backfill.batches import TERMINAL_STATUSES, Batch
+from backfill.batches import COMPLETION_WINDOWS, TERMINAL_STATUSES, Batch
 from backfill.config import Settings
 from backfill.ids import new_batch_id
 from backfill.jobs import job_memo
@@ -86,14 +87,13 @@ async def start_batch(
     batch_id = new_batch_id(now_ms)
     tracing.annotate(batch_id=batch_id)
     limits = settings.workspace_limits(identity.workspace)
-    lines = 0
-    if limits.max_queued_lines is not None:
-        lines = await asyncio.to_thread(_count_lines, store, file.id)
+    # Counted for the estimate at submit too (and the queued-lines limit, when set).
+    lines = await asyncio.to_thread(_count_lines, store, file.id)
     reservation = ReserveRequest(
         batch_id=batch_id,
         input_file_id=file.id,
         input_bytes=file.bytes,
-        lines=lines,
+        lines=lines if limits.max_queued_lines is not None else 0,
         max_active_batches=limits.max_active_batches,
         max_queued_lines=limits.max_queued_lines,
     )
@@ -104,6 +104,17 @@ async def start_batch(
         await admission.release(client, identity.workspace, batch_id)
         raise
     allowed = sorted(identity.allowed_models) if identity.allowed_models is not None else None
+    estimate = await estimate_at_submit(
+        client=client,
+        settings=settings,
+        store=store,
+        history=history_of(settings.data_dir),
+        file_id=file.id,
+        endpoint=req.endpoint,
+        lines=lines,
+        now=now,
+        expires_at=now + COMPLETION_WINDOWS[req.completion_window] * 3600,
+    )
     inp = BatchInput(
         batch_id=batch_id,
         workspace=identity.workspace,
@@ -121,6 +132,7 @@ async def start_batch(
         output_expires_after_seconds=(
             req.output_expires_after.seconds if req.output_expires_after else None
         ),
+        estimate=estimate,
     )
     summary = batch_summary(req.endpoint, file.filename, identity.workspace)
     retry_of = await retry_link(client, identity, req.metadata)

@@ -120,6 +120,26 @@ class RouteProgress(_Wire):
     """Tokens those runs had generated, thrown away (an estimate)."""
 
 
+class SubmitEstimate(_Wire):
+    """The estimate made when the batch was created (`backfill.submit_estimate`): when it should
+    finish and whether its window looks achievable, from its routes' recent spare throughput
+    (per hour of the week) and the work queued before it. Never updated afterwards."""
+
+    made_at: int
+    """When it was made (unix seconds: the batch's `created_at`)."""
+    expected_finish_at: int | None = None
+    """When the batch should finish (unix seconds); null when there is no estimate (a route
+    without history, a model that could not be read) or the finish is too far to say."""
+    window_achievable: bool | None = None
+    """`expected_finish_at` is by `expires_at`; null when there is no estimate."""
+    lines: int = 0
+    """The input's lines, as counted at submit."""
+    lines_ahead: int = 0
+    """Lines of batches already on its routes that it shares them with before it finishes."""
+    model: str | None = None
+    """The model estimated for (the first line's)."""
+
+
 class BackfillExtension(_Wire):
     paused: bool = False
     paused_by: str | None = None
@@ -140,6 +160,8 @@ class BackfillExtension(_Wire):
     """The expected finish is after `expires_at`: at this pace some lines will expire."""
     retries: list[str] = Field(default_factory=list)
     """Batches created to retry lines of this one (their metadata `retry_of` names it)."""
+    estimate: SubmitEstimate | None = None
+    """The estimate at submit (null for batches created before it existed)."""
 
 
 class Batch(_Wire):

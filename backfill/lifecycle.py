@@ -32,7 +32,7 @@ def initial_batch(input: BatchInput) -> Batch:
         created_at=input.created_at,
         expires_at=input.created_at + hours * 3600,
         metadata=input.metadata,
-        backfill=BackfillExtension(workspace=input.workspace),
+        backfill=BackfillExtension(workspace=input.workspace, estimate=input.estimate),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backfill.batches import Batch, BatchError, TokenCounts
+from backfill.batches import Batch, BatchError, SubmitEstimate, TokenCounts
 from backfill.gates.backoff import Backoff
 from backfill.gates.live import LiveCount
 from backfill.gates.preempt import PreemptPolicy
@@ -60,6 +60,8 @@ class BatchInput(BaseModel):
     output_expires_after_seconds: int | None = None
     """`output_expires_after`: the output and error files expire this long after they are
     assembled (None: kept until deleted)."""
+    estimate: SubmitEstimate | None = None
+    """The estimate at submit (the api's; the batch shows it as `backfill.estimate`)."""
     state: BatchState | None = None
     """Carried across continue-as-new; None on the first run."""
 

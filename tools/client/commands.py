@@ -156,6 +156,8 @@ def submit(
         metadata=meta or None,
     )
     out.print(f"Created {batch.id} from {file} ({uploaded.id})")
+    if (estimate := _estimate(extension(batch))) is not None:
+        out.print(f"Estimate: {estimate}")
     if not wait:
         return 0
     ended = _follow(conn, batch.id, interval)
@@ -233,6 +235,20 @@ def list_(
     return 0
 
 
+def _estimate(ext: dict[str, Any]) -> str | None:
+    """The estimate at submit (`backfill.estimate`) in a line; None for a batch without one."""
+    est = ext.get("estimate")
+    if not isinstance(est, dict):
+        return None
+    ahead = f"{est.get('lines_ahead', 0)} lines queued before it"
+    if est.get("window_achievable") is None:
+        return f"none (no throughput history on its route); {ahead}"
+    finish = est.get("expected_finish_at")
+    when = f"expected to finish {_when(finish)}" if finish else "not expected within weeks"
+    verdict = "window looks achievable" if est["window_achievable"] else "LIKELY TO MISS its window"
+    return f"{when}, {verdict}; {ahead}"
+
+
 def _when(ts: int | None) -> str:
     if not ts:
         return ""
@@ -271,6 +287,8 @@ def get(
         pace = f"{ext['lines_per_second']} lines/s"
         pace += f", expected to finish {_when(finish)}" if finish else ", not moving"
         rows.append(("pace", pace + (" — AT RISK of expiring" if ext.get("at_risk") else "")))
+    if (estimate := _estimate(ext)) is not None:
+        rows.append(("estimate at submit", estimate))
     if wait_reason(batch):
         rows.append(("waiting", wait_reason(batch)))
     for r in ext.get("routes") or []:

@@ -1,0 +1,210 @@
+"""The estimate at submit for a batch being created (`backfill.submit_estimate` decides): the
+input's lines and first model, each route's batch lines served per hour from the usage journal
+(`<data_dir>/usage`, every process's files), and what the batches already on each route still
+want (their scheduler's `status` query). Anything it cannot read leaves the estimate empty
+(`expected_finish_at` null); it never fails a create."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prometheus_client import Counter
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from backfill.batches import SubmitEstimate
+from backfill.config import Settings
+from backfill.endpoints import spec_of
+from backfill.ids import scheduler_workflow_id
+from backfill.refs import RouteSchedulerWorkflow
+from backfill.store import Store, chunks
+from backfill.submit_estimate import HISTORY_WEEKS, HOUR, WEEK_HOURS, RouteWork, split_lines
+from backfill.submit_estimate import estimate as decide
+from backfill.usage import USAGE_DIR, UsageEntry
+
+log = logging.getLogger(__name__)
+
+LIKELY_TO_MISS = Counter(
+    "gateway_batches_likely_to_miss_total",
+    "Batches created whose estimate at submit finishes after their expires_at "
+    "(backfill.estimate.window_achievable false).",
+    ["model"],
+)
+STATUS_TIMEOUT_SECONDS = 3.0
+"""How long a create waits for a route scheduler's answer before giving no estimate."""
+FIRST_LINE_BYTES = 1 << 20
+"""The most read of the input to find its first line's model."""
+
+
+@dataclass
+class _HourFile:
+    stamp: tuple[int, int]
+    """(mtime_ns, size) when read."""
+    served: Tally[str] = field(default_factory=Tally)
+    """Route → batch lines answered 200."""
+
+
+class ServedHistory:
+    """Batch lines each route served per hour, read from the usage journal. Each hour file is
+    read again only when it changed (the files of hours past change no more), so a create
+    reads at most the newest files."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = Path(data_dir) / USAGE_DIR
+        self.files: dict[str, _HourFile] = {}
+        self.lock = threading.Lock()
+
+    def served(self, now: float) -> dict[str, dict[int, int]]:
+        """Route → (start of hour → lines served), the hours that ended within the history."""
+        current = int(now) // HOUR * HOUR
+        start = current - HISTORY_WEEKS * WEEK_HOURS * HOUR
+        out: dict[str, dict[int, int]] = {}
+        with self.lock:
+            seen: set[str] = set()
+            for path in sorted(self.dir.glob("*.jsonl")) if self.dir.is_dir() else []:
+                hour = _hour_of(path.name)
+                if hour is None or not start <= hour < current:
+                    continue
+                seen.add(path.name)
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # pruned meanwhile
+                    continue
+                stamp = (st.st_mtime_ns, st.st_size)
+                kept = self.files.get(path.name)
+                if kept is None or kept.stamp != stamp:
+                    kept = self.files[path.name] = _HourFile(stamp, _read(path))
+                for route, lines in kept.served.items():
+                    by_hour = out.setdefault(route, {})
+                    by_hour[hour] = by_hour.get(hour, 0) + lines
+            for name in set(self.files) - seen:
+                del self.files[name]
+        return out
+
+
+def _hour_of(name: str) -> int | None:
+    try:
+        hour = datetime.strptime(name.split(".", 1)[0], "%Y%m%d%H").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return int(hour.timestamp())
+
+
+def _read(path: Path) -> Tally[str]:
+    served: Tally[str] = Tally()
+    try:
+        with path.open("rb") as f:
+            for line in f:
+                try:
+                    e = UsageEntry.from_line(line)
+                except (ValueError, TypeError):
+                    continue  # a torn last line
+                if e.service_class == "batch" and e.status == "200":
+                    served[e.route] += 1
+    except FileNotFoundError:
+        pass
+    return served
+
+
+def first_model(store: Store, file_id: str, endpoint: str) -> str | None:
+    """The model of the input's first request line (None if it cannot be read)."""
+    spec = spec_of(endpoint)
+    if spec is None:
+        return None
+    head = b""
+    for chunk in chunks(store.open_file(file_id)):
+        head += chunk
+        if b"\n" in head.lstrip() or len(head) >= FIRST_LINE_BYTES:
+            break
+    for raw in head.lstrip(b"\xef\xbb\xbf").split(b"\n"):
+        if raw.strip():
+            try:
+                body = json.loads(raw).get("body")
+                model = body.get(spec.model_field) if isinstance(body, dict) else None
+            except (ValueError, AttributeError):
+                return None
+            return model if isinstance(model, str) else None
+    return None
+
+
+_HISTORIES: dict[Path, ServedHistory] = {}
+
+
+def history_of(data_dir: Path) -> ServedHistory:
+    """The process's reader of the journal under `data_dir` (one per directory)."""
+    key = Path(data_dir)
+    if key not in _HISTORIES:
+        _HISTORIES[key] = ServedHistory(key)
+    return _HISTORIES[key]
+
+
+async def _wanted(client: Client, route_id: str) -> tuple[int, ...]:
+    """What each batch on the route still wants; () when its scheduler never started."""
+    handle = client.get_workflow_handle_for(
+        RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
+    )
+    try:
+        status = await asyncio.wait_for(
+            handle.query(RouteSchedulerWorkflow.status, time.time()), STATUS_TIMEOUT_SECONDS
+        )
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return ()
+        raise
+    return tuple(b.wanted for b in status.batches)
+
+
+async def estimate_at_submit(
+    *,
+    client: Client,
+    settings: Settings,
+    store: Store,
+    history: ServedHistory,
+    file_id: str,
+    endpoint: str,
+    lines: int,
+    now: int,
+    expires_at: int,
+) -> SubmitEstimate:
+    """The estimate for a batch of `lines` lines created at `now`. Counts it in
+    `gateway_batches_likely_to_miss_total` when it says the window will be missed."""
+    empty = SubmitEstimate(made_at=now, lines=lines)
+    model_id: str | None = None
+    try:
+        model_id = await asyncio.to_thread(first_model, store, file_id, endpoint)
+        model = settings.model(model_id) if model_id is not None else None
+        if model is None:
+            return empty
+        served = await asyncio.to_thread(history.served, now)
+        counts = split_lines(lines, [r.weight for r in model.routes])
+        routes = [(r, n) for r, n in zip(model.routes, counts, strict=True) if n > 0]
+        wanted = await asyncio.gather(*(_wanted(client, r.id) for r, _ in routes))
+    except Exception as err:  # no estimate is an answer; a failed create is not
+        log.info("no estimate at submit: %s", err)
+        return empty.model_copy(update={"model": model_id})
+    est = decide(
+        [
+            RouteWork(r.id, n, w, served.get(r.id, {}))
+            for (r, n), w in zip(routes, wanted, strict=True)
+        ],
+        now=now,
+        expires_at=expires_at,
+    )
+    if est.window_achievable is False:
+        LIKELY_TO_MISS.labels(model=model.id).inc()
+    return SubmitEstimate(
+        made_at=now,
+        expected_finish_at=est.expected_finish_at,
+        window_achievable=est.window_achievable,
+        lines=lines,
+        lines_ahead=est.lines_ahead,
+        model=model.id,
+    )
