@@ -8,6 +8,11 @@ prompt tokens admitted in it``; when it ends, every running sequence has one mor
 one has its first token: prefill and the first decode share the step, as with vLLM's chunked
 prefill). Tokens are words of the reply, prompts are counted in words.
 
+Prefix cache (``prefix_caching``, on by default as in vLLM; ``tools.sim.prefix_cache``): a
+prompt whose leading blocks some earlier request computed (its prompt, or its prompt and what it
+generated, kept after it ended) prefills only the rest, so a preempted request continued with its
+partial answer (decision 0036) costs little prefill.
+
 KV cache: a running sequence holds ``prompt + generated`` tokens, which is what the
 ``vllm:kv_cache_usage_perc`` gauge reports (held ÷ ``kv_cache_tokens``). Admission reserves a
 sequence's worst case (``prompt + max_new``) so that a running sequence never has to be preempted:
@@ -34,9 +39,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from tools.sim.prefix_cache import PrefixCache
+
 TrafficClass = Literal["live", "batch"]
 FINISHED = None
 """What a sequence's queue yields after its last token (or when it is aborted)."""
+KEEP_ABORTED = 4096
+"""Aborted sequences remembered per prompt, for continuations to be matched with."""
 
 
 class GpuConfig(BaseModel):
@@ -53,6 +62,11 @@ class GpuConfig(BaseModel):
     max_num_batched_tokens: int = Field(default=8192, ge=1)
     """Tokens one step may process (one per decoding sequence plus admitted prompts); a prompt
     longer than the whole budget is still admitted alone."""
+    prefix_caching: bool = True
+    """vLLM's automatic prefix caching (on by default since vLLM V1): a cached prompt prefix is
+    not prefilled again."""
+    block_size: int = Field(default=16, ge=1)
+    """Tokens per KV-cache block, the prefix cache's unit (vLLM's default 16)."""
     default_output_tokens: int = Field(default=16, ge=1)
     """Reply length of a request without ``max_tokens`` (finish reason ``stop``); with it, the
     reply is exactly ``max_tokens`` long (finish reason ``length``)."""
@@ -82,6 +96,16 @@ class GpuSequence:
     """The counters its latest tokens were counted in (a log's reset makes new ones)."""
     counted: int = 0
     """Its tokens counted in ``counted_in``."""
+    text: list[str] = field(default_factory=list, repr=False)
+    """The prompt's tokens followed by the reply's (``max_new`` of them), the prefix cache's
+    names for its blocks; empty: never cached."""
+    cached_tokens: int = 0
+    """Of the prompt, tokens found in the prefix cache at admission (not prefilled)."""
+    key: str | None = None
+    """What it answers (the prompt a continuation continues the reply to): a continuation
+    is matched with the aborted request whose tokens it keeps (``ClassCounters.kept_tokens``)."""
+    continues: int = 0
+    """Tokens of an earlier, aborted reply it continues (sent back in its prompt)."""
 
     @property
     def held_tokens(self) -> int:
@@ -129,6 +153,9 @@ class ClassCounters:
     aborted_tokens: int = 0
     """Of ``generated_tokens``, those of requests aborted since: work thrown away when their
     client left (tokens an aborted request had before the last reset are not counted)."""
+    kept_tokens: int = 0
+    """Of ``aborted_tokens``, those a later request sent back as the partial answer it
+    continues (decision 0036): generated once, kept, not thrown away."""
     aborted_at: list[float] = field(default_factory=list)
     """When each aborted request's client left (monotonic: comparable across processes of one
     host), so a benchmark can time how fast a seat is taken back."""
@@ -161,6 +188,7 @@ class LatencyLog:
                 "aborted": c.aborted,
                 "aborted_at": list(c.aborted_at),
                 "aborted_tokens": c.aborted_tokens,
+                "kept_tokens": c.kept_tokens,
                 "generated_tokens": c.generated_tokens,
                 "completion_tokens": sum(r.completion_tokens for r in recs),
                 "prompt_tokens": sum(r.prompt_tokens for r in recs),
@@ -205,6 +233,13 @@ class GpuEngine:
         self._waiting = 0
         self._arrivals = itertools.count()
         self._task: asyncio.Task[None] | None = None
+        self.prefix_cache = (
+            PrefixCache(config.block_size, config.kv_cache_tokens // config.block_size)
+            if config.prefix_caching
+            else None
+        )
+        self._aborted: dict[str, list[GpuSequence]] = {}
+        """Aborted sequences by ``key``, the latest ``KEEP_ABORTED`` (a continuation's match)."""
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -241,6 +276,8 @@ class GpuEngine:
                 f"completion {seq.max_new}), more than the KV cache holds "
                 f"({self.config.kv_cache_tokens})."
             )
+        if seq.continues > 0 and seq.key is not None:
+            self._keep_continued(seq)
         key = seq.priority if self.use_priority else 0
         heapq.heappush(self._heap, (key, next(self._arrivals), seq))
         self._waiting += 1
@@ -262,9 +299,32 @@ class GpuEngine:
         counters.aborted_at.append(seq.aborted_at)
         if seq in self._running:
             self._running.remove(seq)
+            self._cache_ended(seq)
         else:
             self._waiting -= 1  # its heap entry is skipped lazily
+        if seq.key is not None and seq.generated > 0:
+            aborted = self._aborted.setdefault(seq.key, [])
+            aborted.append(seq)
+            del aborted[:-KEEP_ABORTED]
         seq.tokens.put_nowait(FINISHED)
+
+    def _keep_continued(self, seq: GpuSequence) -> None:
+        """``seq`` continues an aborted reply: the tokens of it that were counted (in this
+        log) and are sent back are kept, not thrown away. Requests with the same prompt are
+        told apart only by what they generated: the oldest aborted one that generated at least
+        the partial answer is taken."""
+        counters = self.log.counters(seq.traffic)
+        candidates = self._aborted.get(seq.key or "", [])
+        for i, old in enumerate(candidates):
+            if old.generated >= seq.continues:
+                del candidates[i]
+                if old.counted_in is counters:
+                    counters.kept_tokens += min(seq.continues, old.counted)
+                return
+
+    def _cache_ended(self, seq: GpuSequence) -> None:
+        if self.prefix_cache is not None and seq.text:
+            self.prefix_cache.keep(seq.text[: seq.prompt_tokens + seq.generated])
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -278,7 +338,8 @@ class GpuEngine:
     # -- the engine loop -----------------------------------------------------------------------
 
     def _admit(self) -> int:
-        """Move waiting sequences into the batch; returns the prompt tokens to prefill."""
+        """Move waiting sequences into the batch; returns the prompt tokens to prefill (those
+        the prefix cache does not hold)."""
         c = self.config
         reserved = sum(s.reserved_tokens for s in self._running)
         budget = c.max_num_batched_tokens - len(self._running)
@@ -290,16 +351,25 @@ class GpuEngine:
                 continue
             if reserved + seq.reserved_tokens > c.kv_cache_tokens:
                 break  # head of line waits for cache (vLLM does not skip it either)
-            if prefill and prefill + seq.prompt_tokens > budget:
+            uncached = seq.prompt_tokens - self._cached(seq)
+            if prefill and prefill + uncached > budget:
                 break  # next step
             heapq.heappop(self._heap)
             self._waiting -= 1
             seq.admitted_at = now
             self._running.append(seq)
             reserved += seq.reserved_tokens
-            prefill += seq.prompt_tokens
+            if self.prefix_cache is not None and seq.text:
+                seq.cached_tokens = self.prefix_cache.cached_prefix(seq.text[: seq.prompt_tokens])
+            prefill += seq.prompt_tokens - seq.cached_tokens
         self.peak_running = max(self.peak_running, len(self._running))
         return prefill
+
+    def _cached(self, seq: GpuSequence) -> int:
+        """Tokens of ``seq``'s prompt the prefix cache holds now (a look, not a lookup)."""
+        if self.prefix_cache is None or not seq.text:
+            return 0
+        return self.prefix_cache.peek(seq.text[: seq.prompt_tokens])
 
     async def _loop(self) -> None:
         while True:
@@ -332,6 +402,7 @@ class GpuEngine:
                 seq.first_token_at = now
             if seq.generated >= seq.max_new:
                 self._running.remove(seq)
+                self._cache_ended(seq)
                 self._finish(seq, now)
 
     def _finish(self, seq: GpuSequence, now: float) -> None:

@@ -22,7 +22,6 @@ import base64
 import contextlib
 import heapq
 import itertools
-import json
 import random
 import signal
 import socket
@@ -48,12 +47,21 @@ from tools.sim.gpu import (
     SequenceTooLong,
     TrafficClass,
 )
-from tools.sim.gpu_reply import GpuReply, dumps, split_words
+from tools.sim.gpu_reply import GpuReply, continuation, dumps, split_words
+from tools.sim.requests import (
+    CHAT,
+    EMBEDDINGS,
+    RESPONSE,
+    BadRequest,
+    SimRequest,
+    opt_int,
+    parse_request,
+    reply_pieces,
+    reply_words,
+)
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
-_CHAT, _EMBEDDINGS, _RESPONSE = "chat", "embedding", "response"  # `EndpointSpec.sim_answer`
-_REPLY_WORDS = 16  # default reply length (words == tokens here) unless max_tokens is lower
 _ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
 Header = tuple[bytes, bytes]
 _ERROR_TYPES = {
@@ -240,7 +248,7 @@ class SimStats:
         (self.live if batch is None else self.batch).concurrent -= 1
         self.by_status[status] += 1
 
-    def served(self, req: _Req, usage: dict[str, int]) -> None:
+    def served(self, req: SimRequest, usage: dict[str, int]) -> None:
         """Count a completed answer's tokens under its traffic class."""
         traffic = self.batch if req.batch else self.live
         traffic.prompt_tokens += usage.get("prompt_tokens", 0)
@@ -253,166 +261,6 @@ class SimStats:
         self.by_batch.clear()
         self.priorities.clear()
         sched.peak_running, sched.peak_waiting = sched.running, sched.waiting
-
-
-class _BadRequest(Exception):
-    pass
-
-
-@dataclass(slots=True)
-class _Req:
-    kind: str
-    model: str
-    texts: list[str]  # chat: message contents; completions: prompts; embeddings: inputs
-    priority: int
-    n: int
-    max_tokens: int | None
-    stream: bool
-    include_usage: bool
-    raw: dict[str, Any]
-    batch: bool = False
-    """Sent with `X-Backfill-Batch` (a batch line), else live."""
-    role: str = "assistant"
-    """The answer's role: the last message's with `continue_final_message` (as in vLLM)."""
-
-
-def _texts(value: Any, name: str) -> list[str]:
-    """str | list[str] | list[int] | list[list[int]] -> texts (token ids become number words)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(v, str) for v in value):
-            return list(value)
-        if all(isinstance(v, int) for v in value):
-            return [" ".join(map(str, value))]
-        if all(isinstance(v, list) and all(isinstance(i, int) for i in v) for v in value):
-            return [" ".join(map(str, v)) for v in value]
-    raise _BadRequest(f"'{name}' must be a string, a list of strings or a list of token ids")
-
-
-def _content(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # content parts
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
-
-
-def _opt_int(raw: dict[str, Any], name: str, default: int | None, lo: int = 1) -> int | None:
-    v = raw.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise _BadRequest(f"'{name}' must be an integer >= {lo}")
-    return v
-
-
-def _parse(spec: EndpointSpec, body: bytes) -> _Req:
-    kind = spec.sim_answer
-    try:
-        raw = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise _BadRequest(f"Invalid JSON in request body: {e}") from None
-    if not isinstance(raw, dict):
-        raise _BadRequest("Request body must be a JSON object")
-    model, required = raw.get(spec.model_field), spec.input_field
-    if not isinstance(model, str) or not model:
-        raise _BadRequest("Field required: 'model'")
-    if raw.get(required) is None:
-        raise _BadRequest(f"Field required: '{required}'")
-    if kind == _CHAT:
-        msgs = raw["messages"]
-        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-            raise _BadRequest("'messages' must be a non-empty list of message objects")
-        texts = [_content(m) for m in msgs]
-        if raw.get("continue_final_message") and raw.get("add_generation_prompt", True):
-            raise _BadRequest(
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
-            )
-    elif kind == _RESPONSE:
-        found = responses.input_texts(raw[required])
-        if found is None:
-            raise _BadRequest(f"'{required}' must be a string or a non-empty list of items")
-        texts = found
-    else:
-        texts = _texts(raw[required], required)
-    priority = _opt_int(raw, "priority", 0, lo=-(2**63))
-    max_tokens = (
-        _opt_int(raw, "max_completion_tokens", None)
-        or _opt_int(raw, "max_tokens", None)
-        or _opt_int(raw, "max_output_tokens", None)
-    )
-    opts = raw.get("stream_options")
-    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-    n = _opt_int(raw, "n", 1)
-    last_role = msgs[-1].get("role") if kind == _CHAT else None
-    continued = kind == _CHAT and bool(raw.get("continue_final_message"))
-    return _Req(
-        kind=kind,
-        model=model,
-        texts=texts,
-        priority=priority or 0,
-        n=min(n or 1, 128),
-        max_tokens=max_tokens,
-        stream=bool(raw.get("stream")),
-        include_usage=include_usage,
-        raw=raw,
-        role=last_role if continued and isinstance(last_role, str) else "assistant",
-    )
-
-
-def _reply(prefix: str, text: str, limit: int | None) -> tuple[list[str], str]:
-    words = [prefix, *split_words(text)][:_REPLY_WORDS]
-    if limit is not None and limit < len(words):
-        return words[:limit], "length"
-    return words, "stop"
-
-
-def _pieces(words: list[str]) -> list[str]:
-    """A reply's tokens as sent: every word but the first with its leading space."""
-    return [w if j == 0 else " " + w for j, w in enumerate(words)]
-
-
-def _rest(prompt: str, partial: str) -> list[str] | None:
-    """The tokens left of the reply to `prompt` once `partial` (its first tokens) is written;
-    None when `partial` is not how that reply starts."""
-    pieces, done = _pieces(_reply("Simulated", prompt, None)[0]), ""
-    for k, piece in enumerate(pieces):
-        if done == partial:
-            return pieces[k:]
-        done += piece
-    return [] if done == partial else None
-
-
-def _continued(req: _Req, prompt: str) -> tuple[list[str], str] | None:
-    """vLLM-like continuation: the tokens that follow an answer already begun, so a reply
-    continued from any of its prefixes is the reply uninterrupted. Chat: the final message
-    continued (`continue_final_message`) answers the message before it; completions: a prompt
-    that ends with the beginning of the reply to what precedes it (`prompt + partial text`)."""
-    if req.kind == _CHAT:
-        if req.role == "assistant" and req.raw.get("continue_final_message") and len(req.texts) > 1:
-            rest = _rest(req.texts[-2], req.texts[-1])
-        else:
-            return None
-    else:
-        rest, at = None, prompt.find("Simulated")
-        while rest is None and at >= 0:
-            rest = _rest(prompt[:at], prompt[at:])
-            at = prompt.find("Simulated", at + 1)
-    if rest is None:
-        return None
-    limit = req.max_tokens
-    if limit is not None and limit < len(rest):
-        return [" " + p.lstrip(" ") for p in rest[:limit]], "length"
-    return [" " + p.lstrip(" ") for p in rest], "stop"
-
-
-def _reply_pieces(req: _Req, prompt: str) -> tuple[list[str], str]:
-    """The reply's tokens as sent (with their spaces) and its finish reason."""
-    continued = _continued(req, prompt) if req.n == 1 else None
-    if continued is not None:
-        return continued
-    words, reason = _reply("Simulated", prompt, req.max_tokens)
-    return _pieces(words), reason
 
 
 def _embedding(text: str, dim: int, seed: int) -> list[float]:
@@ -575,8 +423,8 @@ class SimApp:
         path = spec.path
         hdrs = [(b"x-request-id", rid.encode("latin-1"))]
         try:
-            req = _parse(spec, await _read_body(receive))
-        except _BadRequest as e:
+            req = parse_request(spec, await _read_body(receive))
+        except BadRequest as e:
             return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
         self._see(path, headers, req)
         req.batch = _BATCH_KEY in headers
@@ -593,7 +441,7 @@ class SimApp:
         if action is not None and (action.drop or action.status is not None):
             return await self._fail(action, hdrs, receive, send)
         fault_delay = action.delay_s if action else 0.0
-        if self.engine is not None and req.kind != _RESPONSE:  # GPU mode: chat-shaped only
+        if self.engine is not None and req.kind != RESPONSE:  # GPU mode: chat-shaped only
             traffic: TrafficClass = "live" if _BATCH_KEY not in headers else "batch"
             return await self._respond_gpu(
                 self.engine, req, traffic, fault_delay, hdrs, receive, send
@@ -611,10 +459,10 @@ class SimApp:
         finally:
             sched.release()
 
-    def _too_long(self, req: _Req) -> dict[str, Any] | None:
+    def _too_long(self, req: SimRequest) -> dict[str, Any] | None:
         """vLLM's 400 for a request that does not fit `max_model_len`, else None."""
         limit = self.config.max_model_len
-        if limit is None or req.kind == _EMBEDDINGS:
+        if limit is None or req.kind == EMBEDDINGS:
             return None
         if req.max_tokens is not None and req.max_tokens > limit:
             msg = (
@@ -632,7 +480,7 @@ class SimApp:
             return _error_body(400, msg, "input_tokens")
         return None
 
-    def _see(self, path: str, headers: dict[bytes, bytes], req: _Req) -> None:
+    def _see(self, path: str, headers: dict[bytes, bytes], req: SimRequest) -> None:
         def text(name: bytes) -> str | None:
             value = headers.get(name)
             return None if value is None else value.decode("latin-1")
@@ -687,19 +535,21 @@ class SimApp:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_wait_disconnect(receive), 2.0)
 
-    async def _respond(self, req: _Req, hdrs: list[Header], receive: Receive, send: Send) -> int:
+    async def _respond(
+        self, req: SimRequest, hdrs: list[Header], receive: Receive, send: Send
+    ) -> int:
         st, n = self.stats, req.n
         prompt_tokens = max(1, sum(len(split_words(t)) for t in req.texts))
         st.prompt_tokens += prompt_tokens
-        if req.kind == _EMBEDDINGS:
+        if req.kind == EMBEDDINGS:
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": prompt_tokens})
             return await _send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
-        if req.kind == _RESPONSE:
+        if req.kind == RESPONSE:
             return await self._respond_response(req, prompt_tokens, hdrs, receive, send)
-        chat = req.kind == _CHAT
+        chat = req.kind == CHAT
         prompts = req.texts[-1:] if chat else req.texts
-        replies = [_reply_pieces(req, p) for p in prompts]
+        replies = [reply_pieces(req, p) for p in prompts]
         completion_tokens = n * sum(len(w) for w, _ in replies)
         st.generation_tokens += completion_tokens
         st.success_by_reason[replies[0][1]] += 1
@@ -729,8 +579,8 @@ class SimApp:
         st.served(req, usage)
         return await _send_json(send, 200, {**head, "choices": choices, "usage": usage}, hdrs)
 
-    def _embeddings(self, req: _Req, prompt_tokens: int) -> dict[str, Any]:
-        dim = _opt_int(req.raw, "dimensions", self.config.embedding_dim) or 1
+    def _embeddings(self, req: SimRequest, prompt_tokens: int) -> dict[str, Any]:
+        dim = opt_int(req.raw, "dimensions", self.config.embedding_dim) or 1
         b64 = req.raw.get("encoding_format") == "base64"
         data = []
         for i, text in enumerate(req.texts):
@@ -743,7 +593,7 @@ class SimApp:
 
     async def _stream(
         self,
-        req: _Req,
+        req: SimRequest,
         head: dict[str, Any],
         replies: list[tuple[list[str], str]],
         usage: dict[str, int],
@@ -751,7 +601,7 @@ class SimApp:
         receive: Receive,
         send: Send,
     ) -> int:
-        chat = req.kind == _CHAT
+        chat = req.kind == CHAT
         head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
         start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *hdrs]
         await send({"type": "http.response.start", "status": 200, "headers": start})
@@ -801,10 +651,10 @@ class SimApp:
         return 200
 
     async def _respond_response(
-        self, req: _Req, prompt_tokens: int, hdrs: list[Header], receive: Receive, send: Send
+        self, req: SimRequest, prompt_tokens: int, hdrs: list[Header], receive: Receive, send: Send
     ) -> int:
         """`/v1/responses`: a Response object, or its events when `stream` is set."""
-        words, reason = _reply("Simulated", req.texts[-1], req.max_tokens)
+        words, reason = reply_words("Simulated", req.texts[-1], req.max_tokens)
         self.stats.generation_tokens += len(words)
         self.stats.success_by_reason[reason] += 1
         usage = responses.usage(prompt_tokens, len(words))
@@ -828,7 +678,7 @@ class SimApp:
     async def _respond_gpu(
         self,
         engine: GpuEngine,
-        req: _Req,
+        req: SimRequest,
         traffic: TrafficClass,
         fault_delay: float,
         hdrs: list[Header],
@@ -837,10 +687,16 @@ class SimApp:
     ) -> int:
         """GPU mode: the request becomes one engine sequence; each token is sent (streaming) as
         the step that made it completes."""
-        st, chat, emb = self.stats, req.kind == _CHAT, req.kind == _EMBEDDINGS
+        st, chat, emb = self.stats, req.kind == CHAT, req.kind == EMBEDDINGS
         prompt_tokens = max(1, sum(len(split_words(t)) for t in req.texts))
         max_new = 0 if emb else (req.max_tokens or engine.config.default_output_tokens)
         seq = GpuSequence(prompt_tokens, max_new, req.priority, traffic, "priority" in req.raw)
+        reply = None if emb else self._gpu_reply_for(req, chat, prompt_tokens)
+        if reply is not None:
+            # The prefix cache's names for its tokens: the prompt's words, then the reply's.
+            prompt = [w for t in req.texts for w in split_words(t)]
+            seq.text = prompt + reply.words(max_new) if req.n == 1 else prompt
+            seq.key, seq.continues = reply.prompts[0], reply.offset
         if fault_delay > 0 and not await _until_disconnect(asyncio.sleep(fault_delay), receive):
             return _ABORTED
         try:
@@ -855,17 +711,39 @@ class SimApp:
 
         watch.add_done_callback(on_disconnect)
         try:
-            return await self._gpu_reply(req, seq, chat, hdrs, send)
+            return await self._gpu_reply(req, seq, reply, hdrs, send)
         finally:
             watch.cancel()
             engine.abort(seq)  # no-op once finished
             st.prompt_tokens += prompt_tokens
 
+    @staticmethod
+    def _gpu_reply_for(req: SimRequest, chat: bool, prompt_tokens: int) -> GpuReply:
+        """The reply's tokens: to the last message (chat) or each prompt, or the rest of a
+        reply a continuation begins (`gpu_reply.continuation`)."""
+        prompts = [p for p in (req.texts[-1:] if chat else req.texts) for _ in range(req.n)]
+        reason = "length" if req.max_tokens else "stop"
+        continued_final = bool(req.raw.get("continue_final_message"))
+        cont = continuation(chat, req.texts, continued_final, req.role) if req.n == 1 else None
+        offset = 0
+        if cont is not None:
+            prompts, offset = [cont[0]], cont[1]
+        opts = req.raw.get("stream_options")
+        continuous = req.include_usage and isinstance(opts, dict)
+        continuous = continuous and bool(opts.get("continuous_usage_stats"))  # type: ignore[union-attr]
+        so_far = prompt_tokens if continuous else None
+        return GpuReply(chat, req.stream, req.model, prompts, reason, offset, so_far)
+
     async def _gpu_reply(
-        self, req: _Req, seq: GpuSequence, chat: bool, hdrs: list[Header], send: Send
+        self,
+        req: SimRequest,
+        seq: GpuSequence,
+        reply: GpuReply | None,
+        hdrs: list[Header],
+        send: Send,
     ) -> int:
         st = self.stats
-        if req.kind == _EMBEDDINGS:
+        if reply is None:  # embeddings
             while await seq.tokens.get() is not FINISHED:
                 pass
             if seq.aborted:
@@ -873,9 +751,7 @@ class SimApp:
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": seq.prompt_tokens})
             return await _send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
-        prompts = [p for p in (req.texts[-1:] if chat else req.texts) for _ in range(req.n)]
-        reason = "length" if req.max_tokens else "stop"
-        reply = GpuReply(chat, req.stream, req.model, prompts, reason)
+        prompts, reason = reply.prompts, reply.reason
         if req.stream:
             start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
             await send({"type": "http.response.start", "status": 200, "headers": start + hdrs})
@@ -929,6 +805,9 @@ class SimApp:
             "steps": engine.steps,
             "busy_s": engine.busy_s,
             "kv_cache_tokens_held": engine.held_tokens,
+            "prefix_cache": None
+            if (cache := engine.prefix_cache) is None
+            else {"queries": cache.queries, "hits": cache.hits, "blocks": len(cache)},
             "latencies": engine.log.summary(),
         }
 
