@@ -2,7 +2,7 @@
 costs live traffic. Issues 9 and 26.
 
     .venv/bin/python -m bench.spare_capacity --trace bursty --reps 3 \\
-        --modes live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt
+        --modes live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt-restart,preempt
 
 The upstream is the simulator in GPU mode (`tools.sim.gpu`, continuous batching, priority
 scheduling policy). One open-loop live workload (`bench.spare_workload`: `--trace` bursty, steady
@@ -26,7 +26,11 @@ it (`bench.spare_loads`):
 - `first-round`: backfill with the first round of gates (cap 12, yield to live traffic at 2,
   server load waiting > 0 or running > 10, priority hint 10);
 - `seat-aware`: backfill with deploy/examples/batch-scheduling/bursty-vllm.json minus `preempt`;
-- `preempt`: backfill with that file as shipped (seat-aware admission and preemptive yield);
+- `preempt`: backfill with that file as shipped (seat-aware admission and preemptive yield; a
+  preempted line resumes, `preempt.resume` on by default: it keeps its partial answer and its
+  next run continues it, decision 0036);
+- `preempt-restart`: the same with `preempt.resume` off (a preempted line runs again from its
+  first token, as before decision 0036);
 - `--mode-json '{"name": ..., "kind": "backfill", "settings": {...}}'`: any settings document
   (`PUT .../batch-scheduling`) as a backfill mode.
 
@@ -38,8 +42,11 @@ flight for `--capacity-s` seconds after a warm-up, tokens generated per second. 
 share = its batch tokens/s over the window ÷ spare. Tokens are counted by the simulator at each
 engine step, per class (live, or batch: requests carrying `X-Backfill-Batch`), so requests still
 running when the window ends count for the tokens they produced inside it. Wasted = the tokens of
-batch requests aborted during the window (their client closed the connection), as a share of the
-batch tokens generated in it.
+batch requests aborted during the window (their client closed the connection), less those a
+later request sent back as the partial answer it continues (a resumed line: the simulator matches
+a continuation with the aborted request it continues, `ClassCounters.kept_tokens`), as a share of
+the batch tokens generated in it. Useful share = the batch tokens kept (generated less wasted) per
+second ÷ spare: what the batch harvests of the spare capacity, thrown-away tokens not counted.
 
 Live TTFT is measured by the client (first content chunk) and by the simulator (arrival to first
 token, no proxy in it). Writes every run as JSON (`--out`) and prints a table of the medians over
@@ -133,17 +140,21 @@ class Mode:
         if kind == "first-round":
             name = "backfill, cap 12, yield 2, waiting>0, running>10, prio 10"
             return cls(name, "backfill", settings=FIRST_ROUND)
-        if kind in ("seat-aware", "preempt"):
+        if kind in ("seat-aware", "preempt", "preempt-restart"):
             example = json.loads(EXAMPLE.read_text())
             if kind == "seat-aware":
                 example.pop("preempt", None)
                 return cls(
                     f"backfill, {EXAMPLE.name} without preempt", "backfill", settings=example
                 )
+            if kind == "preempt-restart":
+                example["preempt"] = {**example.get("preempt", {}), "resume": False}
+                name = f"backfill, {EXAMPLE.name}, preempted lines restart"
+                return cls(name, "backfill", settings=example)
             return cls(f"backfill, {EXAMPLE.name}", "backfill", settings=example)
         raise ValueError(
             f"unknown mode {spec!r} (live, live-gw, naive:C, ideal:K, cap:N, first-round, "
-            "seat-aware, preempt)"
+            "seat-aware, preempt-restart, preempt)"
         )
 
 
@@ -218,7 +229,7 @@ class ModeResult:
     batch_tokens: int
     batch_aborted: int
     batch_aborted_tokens: int
-    """Tokens the batch requests aborted in the window had generated (thrown away)."""
+    """Tokens the batch requests aborted in the window had generated."""
     peak_waiting: int
     live_ttft_ms_by_phase: dict[str, Dist] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -228,14 +239,23 @@ class ModeResult:
     """For a post-mortem of the tail: the live requests with the longest TTFT at the simulator
     (seconds after the window's start, TTFT and time queued for a seat, ms) and the batch
     requests aborted from a second before each arrived to its first token."""
+    batch_kept_tokens: int = 0
+    """Of `batch_aborted_tokens`, those a later request continued (a resumed line): kept."""
     batch_share_of_spare: float | None = None
+    useful_share_of_spare: float | None = None
+    """Batch tokens kept (generated less wasted) per second ÷ spare."""
     ttft_p99_vs_reference: float | None = None
     """Live TTFT p99 ÷ the same repetition's reference row's (`live-gw` if run, else `live`)."""
 
     @property
+    def wasted_tokens(self) -> int:
+        """Batch tokens generated and thrown away: aborted and not continued."""
+        return max(0, self.batch_aborted_tokens - self.batch_kept_tokens)
+
+    @property
     def wasted_share(self) -> float | None:
         """Wasted batch tokens ÷ batch tokens generated in the window."""
-        return self.batch_aborted_tokens / self.batch_tokens if self.batch_tokens else None
+        return self.wasted_tokens / self.batch_tokens if self.batch_tokens else None
 
 
 def slowest(
@@ -288,6 +308,7 @@ class ModeSummary:
     ttft_p99_vs_reference: float | None
     batch_tokens_per_s: float | None
     batch_share_of_spare: float | None
+    useful_share_of_spare: float | None
     wasted_share: float | None
     live_errors: int
     """Summed over the runs."""
@@ -308,6 +329,7 @@ def summarize(results: list[ModeResult]) -> list[ModeSummary]:
             ttft_p99_vs_reference=median([r.ttft_p99_vs_reference for r in runs]),
             batch_tokens_per_s=median([r.batch_tokens_per_s for r in runs]),
             batch_share_of_spare=median([r.batch_share_of_spare for r in runs]),
+            useful_share_of_spare=median([r.useful_share_of_spare for r in runs]),
             wasted_share=median([r.wasted_share for r in runs]),
             live_errors=sum(r.live_errors for r in runs),
         )
@@ -336,6 +358,8 @@ def compare(results: list[ModeResult], capacity_tokens_per_s: float) -> dict[int
         spare[r.rep] = capacity_tokens_per_s - ref.live_tokens_per_s
         s = spare[r.rep]
         r.batch_share_of_spare = r.batch_tokens_per_s / s if s > 0 else None
+        kept = r.batch_tokens_per_s * (1 - (r.wasted_share or 0.0))
+        r.useful_share_of_spare = kept / s if s > 0 else None
         p99, ref_p99 = r.live_ttft_ms["p99"], ref.live_ttft_ms["p99"]
         r.ttft_p99_vs_reference = p99 / ref_p99 if p99 and ref_p99 else None
     return spare
@@ -395,6 +419,7 @@ class Bench:
             window["batch"] = engine.log.batch.generated_tokens
             window["batch_aborted"] = engine.log.batch.aborted
             window["batch_aborted_tokens"] = engine.log.batch.aborted_tokens
+            window["batch_kept_tokens"] = engine.log.batch.kept_tokens
             window["seconds"] = time.monotonic() - engine.log.since
 
         snap = asyncio.create_task(snapshot())
@@ -432,6 +457,7 @@ class Bench:
             batch_tokens=int(window["batch"]),
             batch_aborted=int(window["batch_aborted"]),
             batch_aborted_tokens=int(window["batch_aborted_tokens"]),
+            batch_kept_tokens=int(window["batch_kept_tokens"]),
             peak_waiting=peak_waiting,
             live_ttft_ms_by_phase={p: dist_ms(v) for p, v in phases.items()},
             extra=extra,
@@ -534,16 +560,17 @@ def table(
     )
     cols = (
         "| mode | runs | live TTFT p50 ms | p95 ms | p99 ms | p99 vs "
-        f"{reference} | batch tok/s | batch share of spare | wasted (% of batch tokens) "
-        "| live errors |"
+        f"{reference} | batch tok/s | batch share of spare | useful share | wasted "
+        "(% of batch tokens) | live errors |"
     )
-    lines = [head, cols, "|" + "---|" * 10]
+    lines = [head, cols, "|" + "---|" * 11]
     for r in rows:
         ttft = r.live_ttft_ms
         lines.append(
             f"| {r.name} | {r.runs} | {f(ttft['p50'])} | {f(ttft['p95'])} | {f(ttft['p99'])} "
             f"| {f(r.ttft_p99_vs_reference, '{:.2f}×')} | {f(r.batch_tokens_per_s, '{:.1f}')} "
-            f"| {pct(r.batch_share_of_spare)} | {pct(r.wasted_share)} | {r.live_errors} |"
+            f"| {pct(r.batch_share_of_spare)} | {pct(r.useful_share_of_spare)} "
+            f"| {pct(r.wasted_share)} | {r.live_errors} |"
         )
     return "\n".join(lines)
 
@@ -598,7 +625,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "reference": reference,
         "spare_tokens_per_s": spare,
         "summary": [asdict(s) for s in summary],
-        "runs": [{**asdict(r), "wasted_share": r.wasted_share} for r in results],
+        "runs": [
+            {**asdict(r), "wasted_tokens": r.wasted_tokens, "wasted_share": r.wasted_share}
+            for r in results
+        ],
         "table": table(w, capacity, spare_median, reference, summary),
     }
 
@@ -608,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     d = Workload()
     p.add_argument(
         "--modes",
-        default="live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt",
+        default="live-gw,ideal:2,ideal:4,cap:8,first-round,seat-aware,preempt-restart,preempt",
         help="comma-separated (see above)",
     )
     p.add_argument("--mode-json", action="append", default=[], help="a Mode as JSON (repeatable)")

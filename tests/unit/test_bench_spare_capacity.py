@@ -107,6 +107,9 @@ def test_mode_specs() -> None:
     assert Mode.parse("preempt").settings == shipped
     without = {k: v for k, v in shipped.items() if k != "preempt"}
     assert Mode.parse("seat-aware").settings == without
+    restart = Mode.parse("preempt-restart")
+    assert restart.settings == {**shipped, "preempt": {**shipped["preempt"], "resume": False}}
+    assert restart.name != Mode.parse("preempt").name
     for bad in ("cap", "naive:x", "ideal", "gates"):
         with pytest.raises(ValueError, match="unknown mode"):
             Mode.parse(bad)
@@ -208,6 +211,33 @@ def test_runs_compare_with_their_own_repetitions_reference_and_summarize_to_medi
     assert (a.ttft_p99_vs_reference, a.batch_share_of_spare) == (1.5, 0.5)
     assert (a.batch_tokens_per_s, a.wasted_share, a.live_errors) == (40.0, 0.1, 2)
     assert ref.wasted_share is None  # no batch tokens: no share, and not a 0 in the median
+
+
+def test_a_resumed_lines_tokens_are_kept_and_useful_share_counts_only_kept_tokens() -> None:
+    runs = [
+        result("live only (gateway)", 0, 1000.0, live_tps=100.0),
+        # 4000 batch tokens generated, 1000 of them by requests aborted, 800 of those continued.
+        result(
+            "a",
+            0,
+            1000.0,
+            batch_tokens_per_s=50.0,
+            batch_tokens=4000,
+            batch_aborted_tokens=1000,
+            batch_kept_tokens=800,
+        ),
+        # A restart: every aborted token thrown away.
+        result(
+            "b", 0, 1000.0, batch_tokens_per_s=50.0, batch_tokens=4000, batch_aborted_tokens=1000
+        ),
+    ]
+    compare(runs, capacity_tokens_per_s=200.0)  # spare 100 tok/s
+    _, a, b = runs
+    assert (a.wasted_tokens, a.wasted_share, b.wasted_share) == (200, 0.05, 0.25)
+    assert a.batch_share_of_spare == b.batch_share_of_spare == 0.5
+    assert (a.useful_share_of_spare, b.useful_share_of_spare) == (0.475, 0.375)
+    [_, sa, sb] = summarize(runs)
+    assert (sa.useful_share_of_spare, sb.useful_share_of_spare) == (0.475, 0.375)
 
 
 def test_medians_skip_runs_without_a_figure() -> None:
