@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from tools.sim import BATCH_HEADER, GpuConfig, SimConfig, SimServer
+from tools.sim.gpu import GpuEngine, GpuSequence
 from tools.sim.prefix_cache import PrefixCache, block_hashes
 
 CHAT = "/v1/chat/completions"
@@ -126,3 +127,23 @@ async def test_without_prefix_caching_a_continuation_prefills_everything() -> No
     seen = await resumed(FAST.model_copy(update={"prefix_caching": False}))
     assert seen["partial"] + seen["rest"] == seen["uninterrupted"]
     assert seen["hits"] is None
+
+
+async def test_a_continuation_is_matched_with_the_aborted_request_it_continues() -> None:
+    """Same prompts (the bench's batch lines): the one whose generated count is closest above
+    the partial answer's is taken, and only tokens counted since the log's reset are kept."""
+    engine = GpuEngine(FAST, max_num_seqs=4, use_priority=False)
+    earlier = engine.log.batch
+    before_reset = GpuSequence(30, 128, traffic="batch", key=PROMPT, generated=122)
+    before_reset.counted_in, before_reset.counted = earlier, 122
+    engine.log.reset()
+    now = engine.log.batch
+    recent = GpuSequence(30, 128, traffic="batch", key=PROMPT, generated=21)
+    recent.counted_in, recent.counted = now, 21
+    engine._aborted[PROMPT] = [before_reset, recent]
+    engine.submit(GpuSequence(50, 108, traffic="batch", key=PROMPT, continues=20))
+    assert now.kept_tokens == 20  # not the older, longer one counted before the reset
+    engine.submit(GpuSequence(140, 10, traffic="batch", key=PROMPT, continues=110))
+    assert now.kept_tokens == 20  # its abort was before the reset: nothing counted to keep
+    assert engine._aborted[PROMPT] == []
+    await engine.stop()

@@ -311,16 +311,20 @@ class GpuEngine:
     def _keep_continued(self, seq: GpuSequence) -> None:
         """``seq`` continues an aborted reply: the tokens of it that were counted (in this
         log) and are sent back are kept, not thrown away. Requests with the same prompt are
-        told apart only by what they generated: the oldest aborted one that generated at least
-        the partial answer is taken."""
+        told apart only by what they generated: the aborted one that generated the fewest tokens
+        at least as many as the partial answer (the client read all but those in flight when it
+        closed), the latest of those, is taken."""
         counters = self.log.counters(seq.traffic)
         candidates = self._aborted.get(seq.key or "", [])
+        best: int | None = None
         for i, old in enumerate(candidates):
-            if old.generated >= seq.continues:
-                del candidates[i]
-                if old.counted_in is counters:
-                    counters.kept_tokens += min(seq.continues, old.counted)
-                return
+            extra = old.generated - seq.continues
+            if extra >= 0 and (best is None or extra <= candidates[best].generated - seq.continues):
+                best = i
+        if best is not None:
+            old = candidates.pop(best)
+            if old.counted_in is counters:
+                counters.kept_tokens += min(seq.continues, old.counted)
 
     def _cache_ended(self, seq: GpuSequence) -> None:
         if self.prefix_cache is not None and seq.text:
