@@ -129,7 +129,7 @@ class LineActivities:
             )
         rid = new_request_id()
         stream = self._stream(route, input, request)
-        sent = request
+        sent, resent = request, 0
         if stream is not None and input.preemptions > 0:  # preempted before: it may continue
             partial = await self._in_thread(self._kept, input, line_no)
             if partial is not None:
@@ -143,7 +143,6 @@ class LineActivities:
                 sent = {**request, "body": body}
                 stream = Reassembled(stream.chat, before=partial)
                 resent = (partial.prompt_tokens or 0) + partial.completion_tokens
-                metrics.REPREFILL_TOKENS.labels(input.route_id).inc(resent)
         try:
             async with heartbeating():
                 if self.preempt is None:
@@ -155,6 +154,10 @@ class LineActivities:
                     )
                 if not answer.outcome.held:  # a line held at the door sent nothing
                     self._journal(input, request, rid, answer)  # now: a cancel may end the `with`
+                    if resent:  # the continuation went upstream: its prompt was sent again
+                        metrics.REPREFILL_TOKENS.labels(input.route_id).inc(resent)
+                        again = answer.outcome.model_copy(update={"reprefill_tokens": resent})
+                        answer = dataclasses.replace(answer, outcome=again)
         except Exception as err:  # a bug, not an answer: the line ends failed, never lost
             activity.logger.exception("line %d of %s failed unexpectedly", line_no, input.batch_id)
             return await self._commit(input.batch_id, _unexpected(custom_id, line_no, err))
@@ -166,13 +169,19 @@ class LineActivities:
             # The server does not continue answers (resume should be off on this route): the
             # partial answer is dropped and the line restarts.
             await self._in_thread(self.store.put_partial, input.batch_id, line_no, b"{}")
-            return LineOutcome(line=line_no, retry=True, status_code=answer.outcome.status_code)
+            return LineOutcome(
+                line=line_no,
+                retry=True,
+                status_code=answer.outcome.status_code,
+                reprefill_tokens=resent,
+            )
         if answer.retry and not input.final_attempt:
             return LineOutcome(
                 line=line_no,
                 retry=True,
                 status_code=answer.outcome.status_code,
                 retry_after=answer.retry_after,
+                reprefill_tokens=resent,
             )
         return await self._commit(input.batch_id, answer)
 

@@ -82,6 +82,7 @@ async def _document(
             running_lines=lines.running,
             preempted_lines=lines.preempted,
             wasted_tokens=lines.wasted_tokens,
+            reprefill_tokens=lines.reprefill_tokens,
             preempt_channel=preempt_channel(getattr(request.app.state, "preempt", None)),
             backoff_until=int(status.backoff_until) if status.backoff_until else None,
             server_load=reading.model_dump() if reading is not None else None,
@@ -108,13 +109,16 @@ class RouteLines:
     preempted: int = 0
     """Runs ended early for live traffic (preemptive yield)."""
     wasted_tokens: int = 0
-    """Tokens those runs had generated (an estimate)."""
+    """Tokens those runs had generated, thrown away (an estimate)."""
+    reprefill_tokens: int = 0
+    """Tokens resumed runs sent again as prompt (decision 0036)."""
 
     def __add__(self, other: RouteLines) -> RouteLines:
         return RouteLines(
             self.running + other.running,
             self.preempted + other.preempted,
             self.wasted_tokens + other.wasted_tokens,
+            self.reprefill_tokens + other.reprefill_tokens,
         )
 
 
@@ -137,7 +141,7 @@ def route_lines(batch: Batch, route_id: str) -> RouteLines:
     """A batch's counts on one route (its `backfill.routes[]` entries for it)."""
     return sum(
         (
-            RouteLines(r.running_lines, r.preempted_lines, r.wasted_tokens)
+            RouteLines(r.running_lines, r.preempted_lines, r.wasted_tokens, r.reprefill_tokens)
             for r in batch.backfill.routes
             if r.route == route_id
         ),

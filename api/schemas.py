@@ -225,7 +225,11 @@ class SchedulingStatus(RouteState):
     """Runs of batch lines ended early to give their seat to live traffic (preemptive yield),
     summed over the batches now on the route (each batch's `backfill.routes[]` entry)."""
     wasted_tokens: int = 0
-    """Tokens those runs had generated, thrown away (an estimate), summed the same way."""
+    """Tokens those runs had generated, thrown away (an estimate), summed the same way. 0 for
+    a run that kept its partial answer for the next to continue (decision 0036)."""
+    reprefill_tokens: int = 0
+    """Tokens the runs that continued a kept partial answer sent again as prompt (the first
+    prompt and the partial answer: mostly prefix-cache hits on vLLM), summed the same way."""
     preempt_channel: PreemptChannelStatus | None = None
     """Preemptive yield's channel as this api process sees it (null: off, no
     `BACKFILL_PREEMPT_TOKEN`: a `preempt` setting then preempts nothing)."""

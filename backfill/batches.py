@@ -117,7 +117,11 @@ class RouteProgress(_Wire):
     """Runs of the batch's lines on this route ended early to give their seat to live traffic
     (preemptive yield); each line ran again."""
     wasted_tokens: int = 0
-    """Tokens those runs had generated, thrown away (an estimate)."""
+    """Tokens those runs had generated, thrown away (an estimate; 0 for a run whose partial
+    answer was kept for the next to continue, decision 0036)."""
+    reprefill_tokens: int = 0
+    """Tokens the runs that continued a kept partial answer sent again as prompt (the first
+    prompt and the partial answer): not billed, counted for the operator."""
 
 
 class SubmitEstimate(_Wire):

@@ -78,6 +78,8 @@ class Lane(BaseModel):
     """Runs ended early to give their seat to live traffic (preemptive yield), each run again."""
     wasted_tokens: int = 0
     """Tokens those runs had generated, thrown away (the workers' estimates, summed)."""
+    reprefill_tokens: int = 0
+    """Tokens runs that continued a preempted line's partial answer sent again as prompt."""
     line_seconds: float | None = None
     """Mean seconds a finished line held its slot (workflow time, start to outcome); None
     until one finished. The scheduler judges the batch's deadline by it."""

@@ -114,6 +114,7 @@ def show_progress(batch: Batch, lanes: list[Lane], *, ending: bool) -> None:
             finished_lines=lane.finished,
             preempted_lines=lane.preempted_lines,
             wasted_tokens=lane.wasted_tokens,
+            reprefill_tokens=lane.reprefill_tokens,
         )
         for lane in lanes
     ]

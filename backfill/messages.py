@@ -290,6 +290,10 @@ class LineOutcome(BaseModel):
     answer for its next run (decision 0036); counted from the stream for a streamed line that
     could not keep it; else an estimate (its time upstream × the route's tokens per second per
     line on that worker; 0 before a line there completed)."""
+    reprefill_tokens: int = 0
+    """Tokens this run sent again as prompt to continue a kept partial answer (the first
+    prompt and the partial answer, decision 0036): prefill work a restart does not repeat
+    either way, mostly prefix-cache hits on vLLM. 0 for a run that did not continue one."""
     held: bool = False
     """With `preempted`: never sent, it waited at the worker's door (no seat free beside live
     traffic) as long as a run may wait (`activities.preemption.DOOR_LIMIT`); run it again, no

@@ -205,6 +205,7 @@ class BatchWorkflow:
             workflow.logger.warning("line %s/%s lost: %s", lane.route_id, position, err.cause)
             lane.requeue(position, tries.model_copy(update={"lost": tries.lost + 1}))
         else:
+            lane.reprefill_tokens += max(0, outcome.reprefill_tokens)  # a count, no command
             if outcome.preempted and workflow.patched(patches.PREEMPTED_LINE_REQUEUED):
                 if outcome.held and workflow.patched(patches.HELD_LINE_REQUEUED):
                     # It waited at the worker's door, never sent: first in the queue again

@@ -387,12 +387,13 @@ def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
         reason=WaitReason.RAMP,
         preempted_lines=7,
         wasted_tokens=1234,
+        reprefill_tokens=567,
         batches=[],
     )
     html = route_page(BatchScheduling(route="r1", settings=settings, status=status))
     assert "2 of 2 at most (ramping up to 8 after a reopen)" in html
     assert "Ramping up after a reopen" in html
-    assert "7 line runs, ~1234 tokens wasted" in html
+    assert "7 line runs, ~1234 tokens wasted, 567 tokens re-prefilled to resume" in html
     assert "from 1 line, doubling every 2 s" in html  # the read-only settings
     # A route without preemption, which never had a line preempted, shows no such row.
     plain = status.model_copy(update={"ramping_to": None, "preempted_lines": 0})

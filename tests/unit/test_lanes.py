@@ -70,6 +70,7 @@ def test_a_preempted_line_goes_first_again_and_its_cost_is_counted() -> None:
     assert ln.take() == (1, Tries(retries=1, preempted=1))
     assert ln.backoff_until is None and ln.can_start(0) is False  # the allotment of 2 is full
     assert (ln.preempted_lines, ln.wasted_tokens) == (2, 150)
+    ln.reprefill_tokens = 40  # what the workflow adds up from its lines' outcomes
 
     # Shown per route on the batch (kept when it ends), summed per route for the route status.
     other = Lane(index=1, route_id="s", model="m", total=4, preempted_lines=5, wasted_tokens=9)
@@ -78,11 +79,15 @@ def test_a_preempted_line_goes_first_again_and_its_cost_is_counted() -> None:
         status="in_progress", created_at=0,
     )  # fmt: skip
     show_progress(b, [ln, other], ending=False)
-    shown = [(p.route, p.preempted_lines, p.wasted_tokens) for p in b.backfill.routes]
-    assert shown == [("r", 2, 150), ("s", 5, 9)]
+    shown = [
+        (p.route, p.preempted_lines, p.wasted_tokens, p.reprefill_tokens) for p in b.backfill.routes
+    ]
+    assert shown == [("r", 2, 150, 40), ("s", 5, 9, 0)]
     show_done(b)
-    assert route_lines(b, "r") == RouteLines(running=0, preempted=2, wasted_tokens=150)
-    assert route_lines(b, "r") + route_lines(b, "s") == RouteLines(0, 7, 159)
+    assert route_lines(b, "r") == RouteLines(
+        running=0, preempted=2, wasted_tokens=150, reprefill_tokens=40
+    )
+    assert route_lines(b, "r") + route_lines(b, "s") == RouteLines(0, 7, 159, 40)
 
 
 def test_backoff_blocks_starts_until_it_passes_and_doubles() -> None:

@@ -21,7 +21,7 @@ from activities.preemption import PreemptBoard
 from activities.validation import ValidationActivities
 from backfill.config import Settings
 from backfill.gates.preempt import PreemptPolicy
-from backfill.messages import LineInput, ValidateInput
+from backfill.messages import LineInput, LineOutcome, ValidateInput
 from backfill.store import FileStore
 from backfill.streamed_answer import Partial, Reassembled, StreamError, streamable
 from tests.polling import poll_until
@@ -370,6 +370,7 @@ async def test_a_line_preempted_three_times_ends_as_the_uninterrupted_answer(
 
         transport = _Counting()
         partials: list[Partial] = []
+        outcomes: list[LineOutcome] = []
         async with httpx.AsyncClient(transport=transport, event_hooks={"request": [seen]}) as http:
             acts = LineActivities(settings, store, http, preempt=board)
 
@@ -398,12 +399,14 @@ async def test_a_line_preempted_three_times_ends_as_the_uninterrupted_answer(
                 assert board.report("r1", "api", live=1) == 1  # live traffic needs the seat
                 outcome = await task
                 assert outcome.preempted and outcome.wasted_tokens == 0, outcome
+                outcomes.append(outcome)
                 kept = store.get_partial(BATCH, 0)
                 assert kept is not None
                 partials.append(Partial.model_validate_json(kept))
             board.report("r1", "api", live=0)
             final = await ActivityEnvironment().run(acts.run_line, line(3))
         assert final.ok, final
+        outcomes.append(final)
         client = openai.AsyncOpenAI(base_url=slow.base_url, api_key="x", max_retries=0)
         if endpoint == CHAT:
             direct: Any = await client.chat.completions.create(model="demo", **body)
@@ -438,3 +441,7 @@ async def test_a_line_preempted_three_times_ends_as_the_uninterrupted_answer(
             assert request["add_generation_prompt"] is False
         else:
             assert request["prompt"] == PROMPT + partial.text
+    # What each continuation sent again as prompt, for the route status (the first run none).
+    resent = [o.reprefill_tokens for o in outcomes]
+    assert resent == [0] + [(p.prompt_tokens or 0) + p.completion_tokens for p in partials]
+    assert all(n > p.completion_tokens for n, p in zip(resent[1:], partials, strict=True))
