@@ -11,12 +11,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backfill.batches import Batch, BatchError, SubmitEstimate, TokenCounts
-from backfill.gates.backoff import Backoff
-from backfill.gates.live import LiveCount
+from backfill.gates.backoff import RateLimited as RateLimited  # the gate's signal
+from backfill.gates.live import LiveReport as LiveReport  # the gate's signal
 from backfill.gates.preempt import PreemptPolicy
-from backfill.gates.ramp import RampState
-from backfill.gates.seats import HeldBackCount
-from backfill.gates.server_load import LoadVerdict, ServerLoadSettings
+from backfill.gates.seats import HeldBackReport as HeldBackReport  # the gate's signal
+from backfill.gates.server_load import LoadVerdict as LoadVerdict  # the gate's signal
+from backfill.gates.server_load import WatchLoadInput as WatchLoadInput  # its reader's input
 from backfill.lanes import Lane, RouteAssignment
 from backfill.route_settings import RouteSettings as RouteSettings  # its own module
 from backfill.route_settings import SettingSource
@@ -115,33 +115,30 @@ class SchedulerInput(BaseModel):
     replan: bool = True
     reconcile_seconds: float = 30.0
     """How often slots held by batches are checked against Temporal (vanished batches)."""
-    live: dict[str, LiveCount] = Field(default_factory=dict)
-    """Each api process's last reported live count (by process id)."""
-    backoff: Backoff = Field(default_factory=Backoff)
     gate_reason: str | None = None
     """Why the route holds every line back now (None: open); kept to log and count changes."""
-    load: LoadVerdict | None = None
-    """The server-load signal's last verdict (None: none since it was set: closed)."""
-    ramp: RampState | None = None
-    """The reopen ramp's state while `reopen_ramp` is set (None: off, or not decided yet)."""
-    held_back: dict[str, HeldBackCount] = Field(default_factory=dict)
-    """Seats each worker holds back from batch lines for the live-latency target (by worker),
-    as it last reported them (`report_held_back`)."""
+    gates: dict[str, Any] = Field(default_factory=dict)
+    """Each gate's state by its key (`backfill.gates.GateState`: the live counts, the back-off,
+    the load verdict, the ramp, the held-back seats, ...), read typed through the registry. A
+    key missing: that gate's initial state."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gate_states_of_old_runs(cls, data: Any) -> Any:
+        """Runs from before the gate registry held gate state kept it in fields of their own
+        (recorded histories and continue-as-new inputs carry them): moved into `gates`."""
+        if isinstance(data, dict) and any(k in data for k in _OLD_GATE_FIELDS):
+            data = dict(data)
+            gates = dict(data.get("gates") or {})
+            for key in _OLD_GATE_FIELDS:
+                if key in data:
+                    gates.setdefault(key, data.pop(key))
+            data["gates"] = gates
+        return data
 
 
-class LiveReport(BaseModel):
-    """An api process's live requests in flight on the route (`report_live` signal)."""
-
-    process: str
-    in_flight: int
-
-
-class HeldBackReport(BaseModel):
-    """A worker's seats held back from the route's batch lines for its live-latency target
-    (`report_held_back` signal: at every change, and renewed while not 0)."""
-
-    worker: str
-    seats: int
+_OLD_GATE_FIELDS = ("live", "backoff", "load", "ramp", "held_back")
+"""`SchedulerInput`'s fields of gate state before `gates` (their keys there are the same)."""
 
 
 class LiveGateView(BaseModel):
@@ -205,24 +202,6 @@ class PeerLinesReport(BaseModel):
         if self.started_at is not None and len(self.started_at) != len(self.lines):
             raise ValueError("started_at must give one time for each line")
         return self
-
-
-class WatchLoadInput(BaseModel):
-    """The server-load watcher of one route (a long-running activity, while lines wait)."""
-
-    route_id: str
-    settings: ServerLoadSettings
-
-
-class RateLimited(BaseModel):
-    """A batch line was answered 429/503 or refused: the whole route backs off
-    (`rate_limited` signal)."""
-
-    batch_id: str
-    retry_after: float | None = None
-    """The upstream's Retry-After, in seconds."""
-    consecutive: int | None = None
-    """Refusals in a row the batch got on the route since its last success there."""
 
 
 # ---- activities ----

@@ -3,47 +3,40 @@
 An entity workflow. Handlers only record; the main loop decides (with the pure functions in
 `workflows.fairness`) and signals each batch its allotment when it changes. Batches keep that many
 lines running without asking again, so a line completing adds nothing to this history.
+
+The gates run through their registry (`backfill.gates.registry`, docs/decisions/0040): their
+states live in `SchedulerInput.gates`, their signals reach one dynamic handler, their reader
+activities start and stop with demand, their patches are asked when each says; this module names
+no gate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from activities.server_load import ServerLoadActivities
     from backfill import refs, route_settings
-    from backfill.gates import Gate, GateContext, ramped, route_gate
-    from backfill.gates import live as live_gate
-    from backfill.gates import preempt as preempt_gate
-    from backfill.gates import ramp as ramp_gate
-    from backfill.gates import seats as seats_gate
-    from backfill.gates import server_load as load_gate
-    from backfill.gates.backoff import back_off
-    from backfill.gates.live import LiveCount, forget_stale
-    from backfill.gates.seats import held_back_seats, keep_held_back
+    from backfill.gates import Gate, GateContext, GateEntry, registry
+    from backfill.gates.registry import ReaderRun
     from backfill.messages import (
         Ack,
         Allotment,
         BatchSlot,
         ClosedBatchesInput,
         Demand,
-        HeldBackReport,
         LiveGateView,
-        LiveReport,
-        LoadVerdict,
-        RateLimited,
         RouteSettings,
         SchedulerInput,
         SchedulerStatus,
-        WatchLoadInput,
     )
     from backfill.route_settings import ConfiguredSettings
     from workflows import patches
@@ -60,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         current_gate,
         effective_cap,
         gate_context,
+        live_gate_view,
         scheduler_details,
         scheduler_status,
     )
@@ -76,11 +70,13 @@ class RouteSchedulerWorkflow:
         self._tick_due = False
         self._tick = Alarm(self._on_tick)
         self._gate_alarm = Alarm(self._on_gate_alarm)
-        self._watcher: asyncio.Future[None] | None = None
-        self._watching: WatchLoadInput | None = None
-        self._held_back_on = False
-        """Seats the workers hold back count in the seat-aware allotment (patch
-        `seats-held-back`, asked the first time a worker reports some)."""
+        self._readers: dict[str, asyncio.Future[Any]] = {}
+        """The gates' reader activities running, by gate name."""
+        self._reading: dict[str, ReaderRun] = {}
+        """What each was started with."""
+        self._joined: set[str] = set()
+        """The gates whose patch this run has taken (`GateEntry.patch`, asked when the gate's
+        `joins` first holds): their state counts in decisions from then on."""
         self._limit: int | None = None
         """The gates' limit at the last decision (None: none, as on every route whose gates
         give no number): a change replans the fair shares."""
@@ -100,9 +96,9 @@ class RouteSchedulerWorkflow:
             self._arm_tick()
             # Time matters only while some batch waits: an idle route sets no timer.
             self._gate_alarm.set(gate.wake_at if self._has_demand else None)
-            self._manage_watcher()
+            self._manage_readers()
             if workflow.info().is_continue_as_new_suggested() and not self._dirty:
-                await self._stop_watcher()  # in-flight activities do not survive it
+                await self._stop_readers()  # in-flight activities do not survive it
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._state)
 
@@ -116,47 +112,54 @@ class RouteSchedulerWorkflow:
     def _has_demand(self) -> bool:
         return any(b.wanted > 0 for b in self._state.batches.values())
 
-    # ---- the server-load watcher ----
-    def _manage_watcher(self) -> None:
-        """Run the watcher (a long-running activity that reads the server's metrics and signals
-        only when its verdict changes) while the signal is on and some batch wants lines."""
-        load = load_gate.ENTRY.setting(self._state.settings)
-        wanted = (
-            WatchLoadInput(route_id=self._state.route_id, settings=load)
-            if load is not None and self._has_demand
-            else None
-        )
-        running = self._watcher is not None and not self._watcher.done()
-        if running and wanted == self._watching:
+    # ---- the gates' readers ----
+    def _manage_readers(self) -> None:
+        """Run each gate's reader (a long-running activity that reads what its decision needs
+        and signals only when its reading changes, e.g. the server-load watcher) while its gate
+        is on and some batch wants lines; restart it when its input changes."""
+        wanted = registry.readers(self._state.settings, self._state.route_id)
+        if not self._has_demand:
+            wanted = {}
+        for name in [e.name for e in registry.entries()]:
+            self._manage_reader(name, wanted.get(name))
+
+    def _manage_reader(self, name: str, wanted: ReaderRun | None) -> None:
+        handle = self._readers.get(name)
+        running = handle is not None and not handle.done()
+        if running and wanted == self._reading.get(name):
             return
         if running:
-            assert self._watcher is not None
-            self._watcher.cancel()
-        self._watcher, self._watching = None, None
+            assert handle is not None
+            handle.cancel()
+        self._readers.pop(name, None)
+        self._reading.pop(name, None)
         if wanted is None:
             return
-        self._watching = wanted
-        self._watcher = workflow.start_activity_method(
-            ServerLoadActivities.watch_server_load,
-            wanted,
+        self._reading[name] = wanted
+        handle = workflow.start_activity(
+            wanted.activity,
+            wanted.input,
             start_to_close_timeout=timedelta(days=30),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
             cancellation_type=ActivityCancellationType.TRY_CANCEL,
         )
-        self._watcher.add_done_callback(self._on_watcher_done)
+        self._readers[name] = handle
+        handle.add_done_callback(self._on_reader_done)
 
-    def _on_watcher_done(self, done: asyncio.Future[None]) -> None:
+    def _on_reader_done(self, done: asyncio.Future[Any]) -> None:
         if not done.cancelled() and done.exception() is not None:  # retrieved: logged once here
-            workflow.logger.info("server-load watcher ended: %s", done.exception())
+            workflow.logger.info("gate reader ended: %s", done.exception())
         self._dirty = True  # restarted if still wanted
 
-    async def _stop_watcher(self) -> None:
-        if self._watcher is not None and not self._watcher.done():
-            self._watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await self._watcher
-        self._watcher, self._watching = None, None
+    async def _stop_readers(self) -> None:
+        for name in [e.name for e in registry.entries()]:
+            handle = self._readers.pop(name, None)
+            self._reading.pop(name, None)
+            if handle is not None and not handle.done():
+                handle.cancel()
+                with contextlib.suppress(BaseException):
+                    await handle
 
     def _arm_tick(self) -> None:
         """Tick (reconcile, rotate) only while some batch is held back: then a vanished holder
@@ -207,50 +210,24 @@ class RouteSchedulerWorkflow:
             del self._state.batches[a.batch_id]
         self._dirty = True
 
-    @workflow.signal
-    def report_live(self, r: LiveReport) -> None:
-        """An api process's live requests in flight (sent only when it could change the gate,
-        and as a keep-alive while the gate is closed by live traffic)."""
+    @workflow.signal(dynamic=True)
+    def gate_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """A gate's signal (`GateEntry.signals`: an api process's live count, a rate-limited
+        line, the server-load watcher's verdict, a worker's held-back seats, ...): recorded in
+        that gate's state, by the gate's own rule."""
+        found = registry.signal(name)
+        if found is None:
+            workflow.logger.warning("route %s: no gate takes signal %r", self._state.route_id, name)
+            return
+        entry, sig = found
+        payload = workflow.payload_converter().from_payload(args[0].payload, sig.payload)
         now = workflow.now().timestamp()
-        live = forget_stale(self._state.live, now)
-        live[r.process] = LiveCount(in_flight=max(0, r.in_flight), at=now)  # 0: registered
-        self._state.live = live
-        self._dirty = True
-
-    @workflow.signal
-    def rate_limited(self, r: RateLimited) -> None:
-        """A line got 429/503 or a refused connection: every batch on the route backs off."""
-        now = workflow.now().timestamp()
-        self._state.backoff = back_off(self._state.backoff, now, r.retry_after, r.consecutive)
-        self._dirty = True
-
-    @workflow.signal
-    def report_held_back(self, r: HeldBackReport) -> None:
-        """A worker's seats held back from batch lines for the live-latency target changed (or
-        is renewed): the seat-aware allotment leaves them out, so no line is sent only to wait
-        at a worker's door."""
-        now = workflow.now().timestamp()
-        self._state.held_back = keep_held_back(self._state.held_back, now, r.worker, r.seats)
-        self._dirty = True
-
-    @workflow.signal
-    def server_load(self, v: LoadVerdict) -> None:
-        """The server-load watcher's verdict changed."""
-        self._state.load = v
+        registry.apply_signal(self._state.gates, entry, sig, payload, now)
         self._dirty = True
 
     @workflow.query
     def live_gate(self) -> LiveGateView:
-        s = self._state
-        yielding = live_gate.ENTRY.setting(s.settings)
-        now = workflow.now().timestamp()
-        seat_aware = seats_gate.ENTRY.setting(s.settings)
-        return LiveGateView(
-            threshold=yielding.pause_at_in_flight if yielding else None,
-            counts={p: c.in_flight for p, c in forget_stale(s.live, now).items()},
-            every_change=seat_aware is not None,
-            preempt=preempt_gate.policy(seat_aware, preempt_gate.ENTRY.setting(s.settings)),
-        )
+        return live_gate_view(self._state, workflow.now().timestamp())
 
     @workflow.signal
     def configure(self, c: ConfiguredSettings) -> None:
@@ -272,8 +249,7 @@ class RouteSchedulerWorkflow:
         return settings
 
     def _change_settings(self, settings: RouteSettings) -> None:
-        if load_gate.ENTRY.setting(settings) != load_gate.ENTRY.setting(self._state.settings):
-            self._state.load = None  # a new signal: closed until its first verdict
+        registry.on_settings_change(self._state.settings, settings, self._state.gates)
         self._state.settings = settings
         self._state.replan = True
         self._dirty = True
@@ -296,32 +272,36 @@ class RouteSchedulerWorkflow:
         return scheduler_status(self._state, self._gate(now), now.timestamp())
 
     # ---- decisions ----
+    def _has_joined(self, entry: GateEntry[Any]) -> bool:
+        return entry.name in self._joined
+
     def _context(self, now: datetime | None = None) -> GateContext:
-        return gate_context(self._state, now or workflow.now(), held_back_on=self._held_back_on)
+        return gate_context(self._state, now or workflow.now(), self._has_joined)
 
     def _gate(self, now: datetime | None = None) -> Gate:
         """The gates' combined answer as of `now` (a reading: the status query asks it; the
         decision is `_decide`'s)."""
-        return current_gate(self._state, self._context(now))
+        return current_gate(self._state, self._context(now), self._has_joined)
 
     def _decide(self) -> Gate:
-        """The gate the scheduler acts on now. With the reopen ramp on (patch `reopen-ramp`,
-        asked only then) its state is kept and its next doubling is in `wake_at`, so the gate
-        alarm wakes the scheduler for it."""
+        """The gate the scheduler acts on now. A gate behind a patch joins when it first asks
+        (`GateEntry.joins`; e.g. `seats-held-back` when a worker first reports seats held back,
+        `reopen-ramp` while the ramp is on); the shaping gates' states are kept (the reopen
+        ramp's next doubling is in `wake_at`, so the gate alarm wakes the scheduler for it)."""
         s = self._state
-        if (
-            not self._held_back_on
-            and held_back_seats(s.held_back, workflow.now().timestamp()) > 0
-            and workflow.patched(patches.SEATS_HELD_BACK)
-        ):
-            self._held_back_on = True
+        at = workflow.now().timestamp()
+        for entry in registry.entries():
+            if (
+                entry.patch is not None
+                and entry.name not in self._joined
+                and entry.wants_patch(s.settings, s.gates, at)
+                and workflow.patched(entry.patch)
+            ):
+                self._joined.add(entry.name)
         context = self._context()
-        gate = route_gate(s.settings, context)
-        setting = ramp_gate.ENTRY.setting(s.settings)
-        if setting is None:
-            s.ramp = None  # switched off: a later setting starts from the limit it finds
-        elif workflow.patched(patches.REOPEN_RAMP):
-            gate, s.ramp = ramped(gate, setting, s.ramp, context)
+        gate = registry.route_gate(s.settings, context)
+        gate, kept = registry.shaped(gate, s.settings, s.gates, context, self._has_joined)
+        s.gates.update(kept)
         return gate
 
     def _allocate(self, gate: Gate) -> None:

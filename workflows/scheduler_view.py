@@ -6,39 +6,52 @@ these to Temporal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from backfill import route_settings
-from backfill.gates import Gate, GateContext, ramped, route_gate
-from backfill.gates import ramp as ramp_gate
-from backfill.gates.live import live_in_flight
-from backfill.gates.seats import held_back_seats
-from backfill.messages import BatchStatusEntry, SchedulerInput, SchedulerStatus
+from backfill.gates import Gate, GateContext, GateEntry, registry
+from backfill.gates import live as live_gate
+from backfill.gates import preempt as preempt_gate
+from backfill.gates import seats as seats_gate
+from backfill.messages import BatchStatusEntry, LiveGateView, SchedulerInput, SchedulerStatus
 from backfill.reasons import WaitReason
 
+Joined = Callable[[GateEntry[Any]], bool]
+"""Whether the scheduler has taken a gate's patch (`GateEntry.patch`) in this run."""
 
-def gate_context(s: SchedulerInput, now: datetime, *, held_back_on: bool) -> GateContext:
-    """What the gates read of the scheduler's state at `now` (the workers' held-back seats
-    only once the patch that counts them is on: `held_back_on`)."""
-    return GateContext(
+
+def gate_context(s: SchedulerInput, now: datetime, joined: Joined) -> GateContext:
+    """What the gates read of the scheduler's state at `now`."""
+    return registry.context(
+        s.settings,
+        s.gates,
         now=now,
-        backoff=s.backoff,
-        live=s.live,
-        load=s.load,
         batch_lines=sum(b.held for b in s.batches.values()),
         cap=s.settings.max_concurrent_lines,
-        held_back=s.held_back if held_back_on else {},
+        joined=joined,
     )
 
 
-def current_gate(s: SchedulerInput, context: GateContext) -> Gate:
-    """The gates' combined answer, the reopen ramp applied from its kept state (a reading: the
-    scheduler's decision also keeps the ramp's next state)."""
-    gate = route_gate(s.settings, context)
-    setting = ramp_gate.ENTRY.setting(s.settings)
-    if setting is not None:
-        gate, _ = ramped(gate, setting, s.ramp, context)
-    return gate
+def current_gate(s: SchedulerInput, context: GateContext, joined: Joined) -> Gate:
+    """The gates' combined answer, the shaping gates (the reopen ramp) applied from their kept
+    state (a reading: the scheduler's decision also keeps their next state)."""
+    return registry.current(s.settings, s.gates, context, joined)
+
+
+def live_gate_view(s: SchedulerInput, now: float) -> LiveGateView:
+    """The `live_gate` query's answer: what an api process needs to decide whether its live
+    count could change the gate, and the route's preemption policy."""
+    yielding = live_gate.ENTRY.setting(s.settings)
+    seat_aware = seats_gate.ENTRY.setting(s.settings)
+    counts = live_gate.STATE.read(s.gates)
+    return LiveGateView(
+        threshold=yielding.pause_at_in_flight if yielding else None,
+        counts={p: c.in_flight for p, c in live_gate.forget_stale(counts, now).items()},
+        every_change=seat_aware is not None,
+        preempt=preempt_gate.policy(seat_aware, preempt_gate.ENTRY.setting(s.settings)),
+    )
 
 
 def effective_cap(lines_at_once: int, gate: Gate) -> int:
@@ -98,9 +111,7 @@ def scheduler_status(s: SchedulerInput, gate: Gate, now: float) -> SchedulerStat
         state="open" if gate.open else "paused",
         reason=gate.reason or (_held_back(gate) if queued else None),
         reason_detail=gate.detail,
-        live_in_flight=live_in_flight(s.live, now),
-        seats_held_back=held_back_seats(s.held_back, now),
-        backoff_until=s.backoff.until if not gate.open and s.backoff.until else None,
+        **registry.status_fields(s.gates, gate, now),
     )
 
 

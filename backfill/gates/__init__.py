@@ -1,16 +1,26 @@
 """A route's gates, pure: may a new batch line start on the route now, and if not, why.
 
 One module per gate (`window`, `backoff`, `live`, `server_load`, `seats`, `preempt`, `ramp`),
-each holding its settings model, its decision and its registry entry; `base` says what a gate
-is; `registry` lists them in order and derives the scheduler's combined decision (`route_gate`,
-then `ramped`), the gates' fields of the route settings document and the console's rows. No
-temporalio import: `RouteSchedulerWorkflow` passes `workflow.now()` and its recorded state in
-and acts on the answer (import this package inside `workflow.unsafe.imports_passed_through()`:
-the time window reads `zoneinfo`).
+each holding its whole life in its registry entry: its settings model, its state and the
+signals that change it, its reader activity, its decision, its shaping of the combined answer
+and its status fields; `base` says what a gate is; `registry` lists them in order and derives
+what the route scheduler runs (docs/decisions/0040), the gates' fields of the route settings
+document and the console's rows. No temporalio import: `RouteSchedulerWorkflow` passes
+`workflow.now()` and its recorded state in and acts on the answer (import this package inside
+`workflow.unsafe.imports_passed_through()`: the time window reads `zoneinfo`).
 """
 
-from backfill.gates.base import GateAnswer, GateContext, GateEntry
-from backfill.gates.registry import GATES, SETTINGS_GATES, Gate, ramped, route_gate
+from backfill.gates.base import (
+    Gate,
+    GateAnswer,
+    GateContext,
+    GateEntry,
+    GateSignal,
+    GateState,
+    Reader,
+)
+from backfill.gates.ramp import ramped
+from backfill.gates.registry import GATES, SETTINGS_GATES, registered, route_gate
 
 __all__ = [
     "GATES",
@@ -19,6 +29,10 @@ __all__ = [
     "GateAnswer",
     "GateContext",
     "GateEntry",
+    "GateSignal",
+    "GateState",
+    "Reader",
     "ramped",
+    "registered",
     "route_gate",
 ]

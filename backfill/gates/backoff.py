@@ -1,11 +1,23 @@
 """The rate-limit back-off: after a 429/503 or a refused connection, no new line starts on the
-route for a while. Always on (no settings); the scheduler records each refusal with `back_off`."""
+route for a while. Always on (no settings); each refusal is a `rate_limited` signal to the
+route's scheduler (from the batch that got it), recorded with `back_off`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import BaseModel
 
-from backfill.gates.base import OPEN, GateAnswer, GateContext, GateEntry
+from backfill.gates.base import (
+    OPEN,
+    Gate,
+    GateAnswer,
+    GateContext,
+    GateEntry,
+    GateSignal,
+    GateState,
+)
 from backfill.reasons import WaitReason
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -14,6 +26,17 @@ BACKOFF_RESET_SECONDS = 10.0
 lines ran again without being refused, so the upstream had recovered."""
 MAX_RETRY_AFTER_SECONDS = 3600.0
 """The longest Retry-After honoured (a longer one is read as this)."""
+
+
+class RateLimited(BaseModel):
+    """A batch line was answered 429/503 or refused: the whole route backs off
+    (`rate_limited` signal)."""
+
+    batch_id: str
+    retry_after: float | None = None
+    """The upstream's Retry-After, in seconds."""
+    consecutive: int | None = None
+    """Refusals in a row the batch got on the route since its last success there."""
 
 
 class Backoff(BaseModel):
@@ -58,12 +81,30 @@ def back_off(
     return Backoff(until=until, level=level + 1, last_at=now)
 
 
+STATE = GateState(key="backoff", type=Backoff, initial=Backoff)
+
+
 def decide(_: object, ctx: GateContext) -> GateAnswer:
     """Closed until the back-off ends."""
-    b = ctx.backoff
-    if b is not None and b.until is not None and ctx.at < b.until:
+    b: Backoff = ctx.state_of(STATE)
+    if b.until is not None and ctx.at < b.until:
         return GateAnswer(False, WaitReason.BACKOFF, wake_at=b.until)
     return OPEN
 
 
-ENTRY: GateEntry[BaseModel] = GateEntry(name="backoff", label="Rate-limit back-off", decide=decide)
+def _rate_limited(b: Backoff, r: RateLimited, now: float) -> Backoff:
+    return back_off(b, now, r.retry_after, r.consecutive)
+
+
+def _status(b: Backoff, gate: Gate, now: float) -> Mapping[str, Any]:
+    return {"backoff_until": b.until if not gate.open and b.until else None}
+
+
+ENTRY: GateEntry[BaseModel] = GateEntry(
+    name="backoff",
+    label="Rate-limit back-off",
+    decide=decide,
+    state=STATE,
+    signals=(GateSignal("rate_limited", RateLimited, _rate_limited),),
+    status=_status,
+)

@@ -1,8 +1,10 @@
 """What every gate is: its answer, what it reads, and its registry entry.
 
 Pure (pydantic and the standard library; no temporalio, no I/O, no clock). A gate is one module
-of this package holding its settings model, its decision and its entry; `backfill.gates.registry`
-lists the entries in the order they are checked.
+of this package holding its whole life in its entry: its settings model, its state and the
+signals that change it, its reader activity, its decision, its shaping of the combined answer
+and its status fields; `backfill.gates.registry` lists the entries in the order they are
+checked, and the route scheduler runs them without knowing any by name (docs/decisions/0040).
 """
 
 from __future__ import annotations
@@ -10,17 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from functools import cached_property
+from typing import Any, Generic, TypeVar, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from backfill.reasons import WaitReason
-
-if TYPE_CHECKING:  # the gates' own state types (their modules import this one)
-    from backfill.gates.backoff import Backoff
-    from backfill.gates.live import LiveCount
-    from backfill.gates.seats import HeldBackCount
-    from backfill.gates.server_load import LoadVerdict
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -31,23 +28,22 @@ class GateContext:
 
     now: datetime
     """Workflow time (timezone-aware)."""
-    backoff: Backoff | None = None
-    """The route's rate-limit back-off (None: none recorded)."""
-    live: Mapping[str, LiveCount] = field(default_factory=dict)
-    """Each api process's last reported live count."""
-    load: LoadVerdict | None = None
-    """The server-load watcher's last verdict (None: none since the signal was set)."""
+    states: Mapping[str, Any] = field(default_factory=dict)
+    """Each gate's state by its key (`GateState.key`), typed; a gate reads its own and may read
+    another's through that gate's module (e.g. seat-aware admission reads the live counts). A
+    key missing: that gate's initial state (`state_of`)."""
     batch_lines: int = 0
     """Batch lines the route counts as running (the slots batches hold)."""
     cap: int = 2
     """"Batch lines at once"."""
-    held_back: Mapping[str, HeldBackCount] = field(default_factory=dict)
-    """Seats each worker holds back for the live-latency target, as it last reported them
-    (empty on a run from before the patch `seats-held-back`)."""
 
     @property
     def at(self) -> float:
         return self.now.timestamp()
+
+    def state_of(self, state: GateState) -> Any:
+        """The state `state` describes, as the scheduler recorded it (its initial one if none)."""
+        return state.read(self.states)
 
 
 @dataclass(frozen=True)
@@ -66,6 +62,76 @@ class GateAnswer:
 
 
 OPEN = GateAnswer(True)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The route's combined answer: may a new batch line start now, and if not, why."""
+
+    open: bool
+    reason: str | None = None
+    """Why it is closed (a `WaitReason`)."""
+    detail: str | None = None
+    """More for an operator (e.g. the metrics error)."""
+    wake_at: float | None = None
+    """When the answer may change with time alone (a back-off ending, a live count expiring,
+    a window's edge)."""
+    limit: int | None = None
+    """While open: the fewest batch lines any open gate allows (None: only the cap limits)."""
+    ramping_to: int | None = None
+    """While the reopen ramp holds `limit` below what the gates and the cap allow: that."""
+
+
+@dataclass(frozen=True)
+class GateState:
+    """The state a gate keeps in the route scheduler (`SchedulerInput.gates[key]`): recorded by
+    its signals, carried over continue-as-new, read by decisions through `GateContext`."""
+
+    key: str
+    """Its key in `SchedulerInput.gates` (kept stable: recorded histories carry it)."""
+    type: Any
+    """Its type, for pydantic (e.g. `dict[str, LiveCount]`, `Backoff`, `LoadVerdict | None`)."""
+    initial: Callable[[], Any]
+    """The state before any signal (and after a reset)."""
+    reset_on_change: bool = False
+    """A change of the gate's setting starts the state over (e.g. a new metrics URL: no verdict
+    yet)."""
+
+    @cached_property
+    def _adapter(self) -> TypeAdapter[Any]:
+        return TypeAdapter(self.type)
+
+    def read(self, states: Mapping[str, Any]) -> Any:
+        """The typed state in `states` (as decoded from history, or as a signal left it)."""
+        if self.key not in states:
+            return self.initial()
+        return self._adapter.validate_python(states[self.key])
+
+
+@dataclass(frozen=True)
+class GateSignal:
+    """A route scheduler signal that changes a gate's state (handled by the scheduler's one
+    dynamic signal handler, by name)."""
+
+    name: str
+    """The signal's name (as `backfill.refs.RouteSchedulerWorkflow` declares it for callers)."""
+    payload: type[BaseModel]
+    """Its argument."""
+    apply: Callable[[Any, Any, float], Any]
+    """The new state from the state, the payload and the workflow time (unix seconds); pure."""
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A gate's reader: a long-running activity that reads what the decision needs from outside
+    and signals the scheduler (one of the gate's `signals`) when its reading changes. The
+    scheduler runs it while the gate is on and some batch wants lines, restarts it when its
+    input changes, cancels it otherwise (30 s heartbeat, retried)."""
+
+    activity: str
+    """The activity's name."""
+    input: Callable[[str, Any], BaseModel]
+    """Its input from the route id and the gate's setting."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +167,34 @@ class GateEntry(Generic[S]):
     """One line for the console's read-only view of a setting."""
     form: tuple[FormField, ...] = ()
     """Its fieldset on the console's Edit form (the first field's label says what blank means)."""
-    reader: str | None = None
+    state: GateState | None = None
+    """The state it keeps (None: it decides from its settings, the time and others' state)."""
+    signals: tuple[GateSignal, ...] = ()
+    """The scheduler signals that change its state."""
+    reader: Reader | None = None
     """The activity that reads what the decision needs from outside (None: it needs no I/O)."""
+    shape: Callable[[Gate, S, Any, GateContext], tuple[Gate, Any]] | None = None
+    """Applied to the combined answer while the gate is on (and has joined): the answer and the
+    gate's next state (e.g. the reopen ramp lowers the limit while it grows). While the gate is
+    off its state goes back to the initial one."""
+    patch: str | None = None
+    """The `workflows.patches` name behind which the gate changes what the scheduler does: its
+    state counts in decisions (and `shape` applies) only once the scheduler has asked it, which
+    it does the first time `joins` holds (None: always counts)."""
+    joins: Callable[[S | None, Any, float], bool] | None = None
+    """When to ask `patch`, from the setting, the state and the time (None: whenever on)."""
+    status: Callable[[Any, Gate, float], Mapping[str, Any]] | None = None
+    """Its fields of the scheduler's status (`SchedulerStatus`) from its state, the combined
+    answer and the time."""
+
+    def wants_patch(self, settings: BaseModel, states: Mapping[str, Any], now: float) -> bool:
+        """Whether the scheduler should ask this gate's patch now."""
+        if self.patch is None:
+            return False
+        value = self.setting(settings)
+        if self.joins is None:
+            return self.model is None or value is not None
+        return self.joins(value, self.state.read(states) if self.state else None, now)
 
     def setting(self, settings: BaseModel) -> S | None:
         """This gate's settings in a route settings document (None: off, or no settings)."""

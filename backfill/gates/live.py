@@ -4,10 +4,20 @@ summed over every api process (each reports its count: decision 0009, `api.live_
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backfill.gates.base import OPEN, FormField, GateAnswer, GateContext, GateEntry
+from backfill.gates.base import (
+    OPEN,
+    FormField,
+    Gate,
+    GateAnswer,
+    GateContext,
+    GateEntry,
+    GateSignal,
+    GateState,
+)
 from backfill.reasons import WaitReason
 
 LIVE_REPORT_TTL = 30.0
@@ -25,6 +35,13 @@ class YieldToLiveTraffic(BaseModel):
 
     pause_at_in_flight: int = Field(ge=1, le=100_000)
     """No new batch line while this many live requests are in flight on the route."""
+
+
+class LiveReport(BaseModel):
+    """An api process's live requests in flight on the route (`report_live` signal)."""
+
+    process: str
+    in_flight: int
 
 
 class LiveCount(BaseModel):
@@ -58,12 +75,35 @@ def live_expiry(counts: Mapping[str, LiveCount], now: float) -> float | None:
     return min(future) if future else None
 
 
+STATE = GateState(key="live", type=dict[str, LiveCount], initial=dict)
+"""Each api process's last reported live count (by process id)."""
+
+
+def counts(ctx: GateContext) -> Mapping[str, LiveCount]:
+    """The live counts as the scheduler recorded them (seat-aware admission reads them too)."""
+    return ctx.state_of(STATE)  # type: ignore[no-any-return]
+
+
 def decide(setting: YieldToLiveTraffic, ctx: GateContext) -> GateAnswer:
     """Closed while the live requests in flight reach the threshold; it may open when a count
     that is not renewed expires."""
-    if live_in_flight(ctx.live, ctx.at) >= setting.pause_at_in_flight:
-        return GateAnswer(False, WaitReason.LIVE, wake_at=live_expiry(ctx.live, ctx.at))
+    live = counts(ctx)
+    if live_in_flight(live, ctx.at) >= setting.pause_at_in_flight:
+        return GateAnswer(False, WaitReason.LIVE, wake_at=live_expiry(live, ctx.at))
     return OPEN
+
+
+def report(live: Mapping[str, LiveCount], r: LiveReport, now: float) -> dict[str, LiveCount]:
+    """The counts after an api process reported (sent only when it could change the gate, and
+    as a keep-alive while the gate is closed by live traffic): stale ones dropped; 0 keeps the
+    process registered."""
+    kept = forget_stale(live, now)
+    kept[r.process] = LiveCount(in_flight=max(0, r.in_flight), at=now)
+    return kept
+
+
+def _status(live: Mapping[str, LiveCount], gate: Gate, now: float) -> Mapping[str, Any]:
+    return {"live_in_flight": live_in_flight(live, now)}
 
 
 ENTRY = GateEntry(
@@ -74,4 +114,7 @@ ENTRY = GateEntry(
     doc='"Yield to live traffic" (null: off).',
     summary=lambda s: f"pause at {s.pause_at_in_flight} in flight",
     form=(FormField("pause_at_in_flight", "Pause at live requests in flight (blank: off)"),),
+    state=STATE,
+    signals=(GateSignal("report_live", LiveReport, report),),
+    status=_status,
 )

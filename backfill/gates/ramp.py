@@ -9,18 +9,18 @@ costs the scheduler a few timers, not one per line. Off (null) by default: the l
 gates at once, as it always did.
 
 This gate never closes and limits nothing by its own decision (`decide`): it acts on the other
-gates' combined limit (`backfill.gates.registry.ramped`), from the state the scheduler keeps
+gates' combined limit (`ramped`, its entry's `shape`), from the state the scheduler keeps
 (`RampState`). `ramp` is the pure step, given that state and workflow time (docs/decisions/0024).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backfill.gates.base import OPEN, FormField, GateAnswer, GateContext, GateEntry
+from backfill.gates.base import OPEN, FormField, Gate, GateAnswer, GateContext, GateEntry, GateState
 from backfill.gates.cap import MAX_LINES_AT_ONCE
 
 MIN_DOUBLE_EVERY_S = 0.5
@@ -100,8 +100,26 @@ def ramp(
 
 
 def decide(setting: ReopenRamp, ctx: GateContext) -> GateAnswer:
-    """Never closed: the ramp acts on the other gates' combined limit (`registry.ramped`)."""
+    """Never closed: the ramp acts on the other gates' combined limit (`ramped`)."""
     return OPEN
+
+
+def ramped(
+    gate: Gate, setting: ReopenRamp, state: RampState | None, ctx: GateContext
+) -> tuple[Gate, RampState]:
+    """`gate` with the reopen ramp applied (`ramp`), and the ramp's state to keep: while it
+    ramps, the limit is the ramp's and `wake_at` includes its next doubling; otherwise the gate
+    is unchanged."""
+    target = 0 if not gate.open else ctx.cap if gate.limit is None else min(ctx.cap, gate.limit)
+    step = ramp(setting, state, target, ctx.batch_lines, ctx.at)
+    if step.wake_at is None:
+        return gate, step.state
+    wake = step.wake_at if gate.wake_at is None else min(gate.wake_at, step.wake_at)
+    return replace(gate, limit=step.limit, wake_at=wake, ramping_to=target), step.state
+
+
+STATE = GateState(key="ramp", type=RampState | None, initial=lambda: None)
+"""The ramp's state while `reopen_ramp` is set (None: off, or not decided yet)."""
 
 
 def _summary(s: ReopenRamp) -> str:
@@ -123,4 +141,7 @@ ENTRY = GateEntry(
         FormField("initial", "Lines at a reopen (blank: off)"),
         FormField("double_every_s", "Doubling every (seconds)"),
     ),
+    state=STATE,
+    shape=ramped,
+    patch="reopen-ramp",
 )

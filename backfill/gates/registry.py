@@ -1,21 +1,26 @@
 """The registry: every gate, in the order they are checked, and what is derived from it.
 
-`route_gate` is the scheduler's combined decision; `settings_fields` the gates' fields of the
-route settings document (`backfill.messages.RouteSettings`); `SETTINGS_GATES` the rows of the
-console's route page. Adding a gate: its module (settings model, decision, entry), one line
-here, its reader activity if it needs I/O, and tests.
+The route scheduler (`workflows/scheduler.py`) runs the gates only through these functions and
+knows none by name: `context` builds what decisions read from the recorded states, `route_gate`
+is the combined decision and `shaped` applies the gates that shape it (the reopen ramp),
+`apply_signal` records a gate's signal, `readers` says which reader activities should run,
+`status_fields` gives the gates' fields of the status. `settings_fields` gives the gates' fields
+of the route settings document (`backfill.messages.RouteSettings`); `SETTINGS_GATES` the rows of
+the console's route page. Adding a gate: its module (settings model, state, signals, reader,
+decision, entry), one line in `GATES`, its reason and tests (docs/decisions/0040).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
 from backfill.gates import backoff, live, preempt, ramp, seats, server_load, window
-from backfill.gates.base import GateContext, GateEntry
-from backfill.gates.ramp import RampState, ReopenRamp
+from backfill.gates.base import Gate, GateContext, GateEntry, GateSignal
 
 GATES: tuple[GateEntry[Any], ...] = (
     window.ENTRY,
@@ -31,34 +36,60 @@ GATES: tuple[GateEntry[Any], ...] = (
 SETTINGS_GATES: tuple[GateEntry[Any], ...] = tuple(e for e in GATES if e.model is not None)
 """The gates an operator sets (a field each in the route settings document, null when off)."""
 
+_added: list[GateEntry[Any]] = []
+"""Gates registered by `registered` (tests only), checked after `GATES`."""
 
-@dataclass(frozen=True)
-class Gate:
-    """The route's combined answer: may a new batch line start now, and if not, why."""
 
-    open: bool
-    reason: str | None = None
-    """Why it is closed (a `WaitReason`)."""
-    detail: str | None = None
-    """More for an operator (e.g. the metrics error)."""
-    wake_at: float | None = None
-    """When the answer may change with time alone (a back-off ending, a live count expiring,
-    a window's edge)."""
-    limit: int | None = None
-    """While open: the fewest batch lines any open gate allows (None: only the cap limits)."""
-    ramping_to: int | None = None
-    """While the reopen ramp holds `limit` below what the gates and the cap allow: that."""
+def entries() -> tuple[GateEntry[Any], ...]:
+    """Every gate the scheduler runs, in order."""
+    return GATES + tuple(_added)
+
+
+@contextmanager
+def registered(entry: GateEntry[Any]) -> Iterator[GateEntry[Any]]:
+    """`entry` runs after the registry's gates while the block lasts: for a gate defined in a
+    test (every worker replaying a history must run the same gates, so production gates are
+    lines of `GATES`). A gate with settings needs its field in `RouteSettings`, which is built
+    from `GATES` at import: it cannot be added here."""
+    if entry.model is not None:
+        raise ValueError(f"gate {entry.name!r} has settings: add it to GATES")
+    if any(e.name == entry.name for e in entries()):
+        raise ValueError(f"gate {entry.name!r} is registered already")
+    _added.append(entry)
+    try:
+        yield entry
+    finally:
+        _added.remove(entry)
+
+
+def context(
+    settings: BaseModel,
+    states: Mapping[str, Any],
+    *,
+    now: Any,
+    batch_lines: int,
+    cap: int,
+    joined: Callable[[GateEntry[Any]], bool],
+) -> GateContext:
+    """What the decisions read at `now`: each gate's recorded state, typed (a gate behind a
+    patch the scheduler has not taken yet, `joined` false: its initial state)."""
+    typed = {
+        e.state.key: e.state.read(states) if e.patch is None or joined(e) else e.state.initial()
+        for e in entries()
+        if e.state is not None
+    }
+    return GateContext(now=now, states=typed, batch_lines=batch_lines, cap=cap)
 
 
 def route_gate(
-    settings: BaseModel, ctx: GateContext, gates: tuple[GateEntry[Any], ...] = GATES
+    settings: BaseModel, ctx: GateContext, gates: tuple[GateEntry[Any], ...] | None = None
 ) -> Gate:
     """Whether a new line may start on the route at `ctx.now`, checking every gate that is on,
     in order. The first closed gate names the reason; `wake_at` is the earliest time at which
     any gate checked so far may change its answer."""
     wakes: list[float] = []
     limit: int | None = None
-    for entry in gates:
+    for entry in entries() if gates is None else gates:
         answer = entry.answer(settings, ctx)
         if answer is None:  # switched off
             continue
@@ -72,18 +103,94 @@ def route_gate(
     return Gate(True, wake_at=min(wakes) if wakes else None, limit=limit)
 
 
-def ramped(
-    gate: Gate, setting: ReopenRamp, state: RampState | None, ctx: GateContext
-) -> tuple[Gate, RampState]:
-    """`gate` with the reopen ramp applied (`ramp.ramp`), and the ramp's state to keep: while
-    it ramps, the limit is the ramp's and `wake_at` includes its next doubling; otherwise the
-    gate is unchanged."""
-    target = 0 if not gate.open else ctx.cap if gate.limit is None else min(ctx.cap, gate.limit)
-    step = ramp.ramp(setting, state, target, ctx.batch_lines, ctx.at)
-    if step.wake_at is None:
-        return gate, step.state
-    wake = step.wake_at if gate.wake_at is None else min(gate.wake_at, step.wake_at)
-    return replace(gate, limit=step.limit, wake_at=wake, ramping_to=target), step.state
+def shaped(
+    gate: Gate,
+    settings: BaseModel,
+    states: Mapping[str, Any],
+    ctx: GateContext,
+    joined: Callable[[GateEntry[Any]], bool],
+) -> tuple[Gate, dict[str, Any]]:
+    """`gate` after every shaping gate that is on and has joined, in order, and the states
+    they keep (a shaping gate that is off goes back to its initial state; one on but not
+    joined keeps its state as it is)."""
+    kept: dict[str, Any] = {}
+    for e in entries():
+        if e.shape is None:
+            continue
+        value = e.setting(settings)
+        if value is None:
+            if e.state is not None:
+                kept[e.state.key] = e.state.initial()
+            continue
+        if not (e.patch is None or joined(e)):
+            continue
+        before = e.state.read(states) if e.state is not None else None
+        gate, after = e.shape(gate, value, before, ctx)
+        if e.state is not None:
+            kept[e.state.key] = after
+    return gate, kept
+
+
+def current(
+    settings: BaseModel,
+    states: Mapping[str, Any],
+    ctx: GateContext,
+    joined: Callable[[GateEntry[Any]], bool],
+) -> Gate:
+    """The combined answer with the shaping gates applied (a reading: nothing is kept)."""
+    gate, _ = shaped(route_gate(settings, ctx), settings, states, ctx, joined)
+    return gate
+
+
+def signal(name: str) -> tuple[GateEntry[Any], GateSignal] | None:
+    """The gate and its signal called `name` (None: no gate's)."""
+    for e in entries():
+        for s in e.signals:
+            if s.name == name:
+                return e, s
+    return None
+
+
+def apply_signal(
+    states: dict[str, Any], entry: GateEntry[Any], sig: GateSignal, payload: Any, now: float
+) -> None:
+    """Record `sig` with `payload` at `now` in `states` (the gate's state, changed in place)."""
+    assert entry.state is not None, f"gate {entry.name!r} has a signal but no state"
+    states[entry.state.key] = sig.apply(entry.state.read(states), payload, now)
+
+
+def on_settings_change(old: BaseModel, new: BaseModel, states: dict[str, Any]) -> None:
+    """Start over the state of each gate whose setting changed and that asks for it."""
+    for e in entries():
+        if e.state is not None and e.state.reset_on_change and e.setting(old) != e.setting(new):
+            states[e.state.key] = e.state.initial()
+
+
+@dataclass(frozen=True)
+class ReaderRun:
+    """A reader activity the scheduler should run."""
+
+    activity: str
+    input: BaseModel
+
+
+def readers(settings: BaseModel, route_id: str) -> dict[str, ReaderRun]:
+    """The reader activities wanted, by gate name (every gate that has one and is on)."""
+    out: dict[str, ReaderRun] = {}
+    for e in entries():
+        value = e.setting(settings)
+        if e.reader is not None and (e.model is None or value is not None):
+            out[e.name] = ReaderRun(e.reader.activity, e.reader.input(route_id, value))
+    return out
+
+
+def status_fields(states: Mapping[str, Any], gate: Gate, now: float) -> dict[str, Any]:
+    """The gates' fields of the scheduler's status (`SchedulerStatus`)."""
+    out: dict[str, Any] = {}
+    for e in entries():
+        if e.status is not None:
+            out.update(e.status(e.state.read(states) if e.state else None, gate, now))
+    return out
 
 
 def settings_fields() -> dict[str, Any]:

@@ -18,7 +18,15 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backfill.gates.base import FormField, GateAnswer, GateContext, GateEntry
+from backfill.gates import live, server_load
+from backfill.gates.base import (
+    FormField,
+    GateAnswer,
+    GateContext,
+    GateEntry,
+    GateSignal,
+    GateState,
+)
 from backfill.gates.live import live_expiry, live_in_flight
 from backfill.reasons import WaitReason
 
@@ -48,6 +56,14 @@ class SeatAware(BaseModel):
         if self.keep_free >= self.seats:
             raise ValueError(f"keep_free must be less than seats ({self.seats})")
         return self
+
+
+class HeldBackReport(BaseModel):
+    """A worker's seats held back from the route's batch lines for its live-latency target
+    (`report_held_back` signal: at every change, and renewed while not 0)."""
+
+    worker: str
+    seats: int
 
 
 class HeldBackCount(BaseModel):
@@ -81,10 +97,22 @@ def held_back_expiry(counts: Mapping[str, HeldBackCount], now: float) -> float |
     return min(future) if future else None
 
 
+STATE = GateState(key="held_back", type=dict[str, HeldBackCount], initial=dict)
+"""Seats each worker holds back from batch lines for the live-latency target (by worker), as
+it last reported them. They count in decisions only from the patch `seats-held-back` on."""
+
+
+def _report(
+    counts: Mapping[str, HeldBackCount], r: HeldBackReport, now: float
+) -> dict[str, HeldBackCount]:
+    return keep_held_back(counts, now, r.worker, r.seats)
+
+
 def others_running(ctx: GateContext) -> tuple[int, float | None]:
     """Requests the server reports running besides the route's batch lines (0 without a fresh
     reading), and when that reading stops being fresh."""
-    reading = ctx.load.reading if ctx.load is not None else None
+    load = server_load.verdict(ctx)
+    reading = load.reading if load is not None else None
     if reading is None or reading.running is None:
         return 0, None
     stale_at = reading.read_at + READING_FRESH_SECONDS
@@ -95,17 +123,20 @@ def others_running(ctx: GateContext) -> tuple[int, float | None]:
 
 def decide(setting: SeatAware, ctx: GateContext) -> GateAnswer:
     """The batch lines the free seats allow (a limit), or closed when none is free."""
-    live = live_in_flight(ctx.live, ctx.at)
+    counts = live.counts(ctx)
+    held_back: Mapping[str, HeldBackCount] = ctx.state_of(STATE)
+    in_flight = live_in_flight(counts, ctx.at)
     others, stale_at = others_running(ctx)
-    held = held_back_seats(ctx.held_back, ctx.at)
-    free = setting.seats - setting.keep_free - held - live - others
+    held = held_back_seats(held_back, ctx.at)
+    free = setting.seats - setting.keep_free - held - in_flight - others
     allowed = max(0, min(free, ctx.cap))
-    expiries = (live_expiry(ctx.live, ctx.at), stale_at, held_back_expiry(ctx.held_back, ctx.at))
+    expiries = (live_expiry(counts, ctx.at), stale_at, held_back_expiry(held_back, ctx.at))
     wakes = [t for t in expiries if t is not None]
     wake = min(wakes) if wakes else None
     if allowed == 0:
         detail = (
-            f"{setting.seats} seats: {setting.keep_free} kept free, {live} live, {others} other"
+            f"{setting.seats} seats: {setting.keep_free} kept free, {in_flight} live, "
+            f"{others} other"
         )
         if held:
             detail += f", {held} held back for the live TTFT target"
@@ -125,4 +156,9 @@ ENTRY = GateEntry(
         FormField("seats", "Server seats (blank: off)"),
         FormField("keep_free", "Seats kept free for live traffic"),
     ),
+    state=STATE,
+    signals=(GateSignal("report_held_back", HeldBackReport, _report),),
+    patch="seats-held-back",
+    joins=lambda _, counts, now: held_back_seats(counts, now) > 0,
+    status=lambda counts, gate, now: {"seats_held_back": held_back_seats(counts, now)},
 )

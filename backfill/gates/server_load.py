@@ -14,10 +14,27 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from backfill.gates.base import OPEN, FormField, GateAnswer, GateContext, GateEntry
+from backfill.gates import base
+from backfill.gates.base import (
+    OPEN,
+    FormField,
+    GateAnswer,
+    GateContext,
+    GateEntry,
+    GateSignal,
+    Reader,
+)
 from backfill.reasons import WaitReason
 
-__all__ = ["ENTRY", "GateState", "LoadReading", "LoadVerdict", "ServerLoadSettings", "judge"]
+__all__ = [
+    "ENTRY",
+    "GateState",
+    "LoadReading",
+    "LoadVerdict",
+    "ServerLoadSettings",
+    "WatchLoadInput",
+    "judge",
+]
 
 MAX_COUNT_LIMIT = 100_000
 
@@ -122,14 +139,33 @@ def judge(settings: ServerLoadSettings, reading: LoadReading | None) -> LoadVerd
     return LoadVerdict(state="open", reading=reading)
 
 
+class WatchLoadInput(BaseModel):
+    """The server-load watcher of one route (a long-running activity, while lines wait)."""
+
+    route_id: str
+    settings: ServerLoadSettings
+
+
+STATE = base.GateState(
+    key="load", type=LoadVerdict | None, initial=lambda: None, reset_on_change=True
+)
+"""The watcher's last verdict (None: none since the signal was set: closed)."""
+
+
+def verdict(ctx: GateContext) -> LoadVerdict | None:
+    """The watcher's last verdict (seat-aware admission reads its reading too)."""
+    return ctx.state_of(STATE)  # type: ignore[no-any-return]
+
+
 def decide(setting: ServerLoadSettings, ctx: GateContext) -> GateAnswer:
     """The watcher's last verdict: closed while busy or unknown (no verdict yet: unknown)."""
-    if ctx.load is None:
+    load = verdict(ctx)
+    if load is None:
         return GateAnswer(False, WaitReason.METRICS, detail="no reading yet")
-    if ctx.load.state == "unavailable":
-        return GateAnswer(False, WaitReason.METRICS, detail=ctx.load.detail)
-    if ctx.load.state == "busy":
-        return GateAnswer(False, WaitReason.BUSY, detail=ctx.load.detail)
+    if load.state == "unavailable":
+        return GateAnswer(False, WaitReason.METRICS, detail=load.detail)
+    if load.state == "busy":
+        return GateAnswer(False, WaitReason.BUSY, detail=load.detail)
     return OPEN
 
 
@@ -155,5 +191,10 @@ ENTRY = GateEntry(
         FormField("max_running", "Max running requests"),
         FormField("max_kv_cache_percent", "Max KV cache %"),
     ),
-    reader="watch_server_load",
+    state=STATE,
+    signals=(GateSignal("server_load", LoadVerdict, lambda _, v, now: v),),
+    reader=Reader(
+        "watch_server_load",
+        lambda route_id, setting: WatchLoadInput(route_id=route_id, settings=setting),
+    ),
 )

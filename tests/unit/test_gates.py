@@ -8,8 +8,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from temporalio import activity
 
-from backfill.gates import GATES, SETTINGS_GATES, Gate, GateContext, route_gate
+from activities.server_load import ServerLoadActivities
+from backfill.gates import GATES, SETTINGS_GATES, Gate, GateContext, registry, route_gate
+from backfill.gates import backoff as backoff_gate
+from backfill.gates import live as live_gate
 from backfill.gates.backoff import Backoff, back_off
 from backfill.gates.live import (
     LIVE_REPORT_TTL,
@@ -19,8 +23,9 @@ from backfill.gates.live import (
     live_in_flight,
 )
 from backfill.gates.server_load import LoadVerdict
-from backfill.messages import RouteSettings
+from backfill.messages import RouteSettings, SchedulerInput
 from backfill.reasons import WaitReason
+from workflows import patches
 
 REASON_BACKOFF, REASON_BUSY, REASON_LIVE = WaitReason.BACKOFF, WaitReason.BUSY, WaitReason.LIVE
 REASON_METRICS, REASON_WINDOW = WaitReason.METRICS, WaitReason.WINDOW
@@ -50,7 +55,7 @@ def gate(
     load = None
     if load_state not in (None, "none"):
         load = LoadVerdict(state=load_state, detail=load_error)  # type: ignore[arg-type]
-    ctx = GateContext(now=datetime.fromtimestamp(now, UTC), load=load, **state)
+    ctx = GateContext(now=datetime.fromtimestamp(now, UTC), states={"load": load, **state})
     return route_gate(settings, ctx)
 
 
@@ -139,7 +144,47 @@ def test_the_registry_checks_in_order_and_derives_the_settings_fields() -> None:
     gate_fields = set(RouteSettings.model_fields) - {"max_concurrent_lines", "priority_hint"}
     assert gate_fields == {g.name for g in SETTINGS_GATES}
     assert all(RouteSettings().model_dump()[g.name] is None for g in SETTINGS_GATES)
-    assert [g.reader for g in GATES if g.reader] == ["watch_server_load"]
+    assert [g.reader.activity for g in GATES if g.reader] == ["watch_server_load"]
+
+
+def test_each_gate_s_life_is_in_its_entry() -> None:
+    """State keys are unique (they are `SchedulerInput.gates` keys in recorded histories), every
+    patch a gate asks is one of `workflows.patches`, every reader an activity a worker runs."""
+    keys = [g.state.key for g in GATES if g.state is not None]
+    assert keys == ["backoff", "live", "load", "held_back", "ramp"]
+    known = {v for k, v in vars(patches).items() if k.isupper() and isinstance(v, str)}
+    assert {g.patch for g in GATES if g.patch} == {patches.SEATS_HELD_BACK, patches.REOPEN_RAMP}
+    assert {g.patch for g in GATES if g.patch} <= known
+    assert all(g.state is not None for g in GATES if g.signals or g.shape)
+    assert (
+        activity._Definition.must_from_callable(ServerLoadActivities.watch_server_load).name
+        == "watch_server_load"
+    )
+
+
+def test_a_scheduler_input_from_before_the_registry_keeps_its_gate_states() -> None:
+    old = {
+        "route_id": "r",
+        "live": {"api-1": {"in_flight": 3, "at": NOW}},
+        "backoff": {"until": NOW + 5, "level": 2, "last_at": NOW},
+        "load": {"state": "busy", "detail": "waiting requests 3 > 0"},
+        "ramp": None,
+        "held_back": {},
+    }
+    s = SchedulerInput.model_validate(old)
+    assert set(s.gates) == {"live", "backoff", "load", "ramp", "held_back"}
+    again = SchedulerInput.model_validate_json(s.model_dump_json())
+    ctx = registry.context(
+        s.settings,
+        again.gates,
+        now=datetime.fromtimestamp(NOW, UTC),
+        batch_lines=0,
+        cap=2,
+        joined=lambda e: True,
+    )
+    assert ctx.state_of(backoff_gate.STATE) == Backoff(until=NOW + 5, level=2, last_at=NOW)
+    assert ctx.state_of(live_gate.STATE)["api-1"].in_flight == 3
+    assert registry.route_gate(s.settings, ctx).reason == WaitReason.BACKOFF
 
 
 def test_backoff_doubles_to_a_minute_honours_retry_after_and_resets_after_a_quiet_spell() -> None:

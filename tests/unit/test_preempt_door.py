@@ -72,8 +72,10 @@ def test_every_change_of_the_seats_held_back_is_handed_on() -> None:
 def ctx(held: dict[str, HeldBackCount], at: float, live: int = 0) -> GateContext:
     return GateContext(
         now=datetime.fromtimestamp(at, UTC),
-        live={"api": LiveCount(in_flight=live, at=at)} if live else {},
-        held_back=held,
+        states={
+            "live": {"api": LiveCount(in_flight=live, at=at)} if live else {},
+            "held_back": held,
+        },
         cap=100,
     )
 

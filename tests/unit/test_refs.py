@@ -9,6 +9,7 @@ import pytest
 from temporalio import workflow
 
 from backfill import refs
+from backfill.gates import registry
 from workflows.admission import AdmissionWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow
@@ -47,7 +48,25 @@ def _shape(cls: type) -> dict[str, Any]:
     ],
 )
 def test_ref_matches_the_workflow(ref: type, real: type) -> None:
-    assert _shape(ref) == _shape(real)
+    expected = _shape(ref)
+    actual = _shape(real)
+    if real is RouteSchedulerWorkflow:
+        # The gates' signals reach the scheduler's one dynamic handler (None); each one the
+        # ref declares is a gate's, with the gate's payload type.
+        assert actual["handlers"].pop(None)[0] == "signal"
+        for name in [n for n in expected["handlers"] if registry.signal(str(n))]:
+            kind, params, _ = expected["handlers"].pop(name)
+            found = registry.signal(name)
+            assert found is not None and kind == "signal"
+            assert [p[1] for p in params] == [found[1].payload], name
+    assert expected == actual
+
+
+def test_every_gate_signal_is_declared_for_callers() -> None:
+    declared = set(workflow._Definition.must_from_class(refs.RouteSchedulerWorkflow).signals)
+    gate_signals = {s.name for e in registry.entries() for s in e.signals}
+    assert gate_signals == {"report_live", "rate_limited", "report_held_back", "server_load"}
+    assert gate_signals <= declared
 
 
 def test_handler_names_are_the_ones_running_workflows_know() -> None:

@@ -28,7 +28,8 @@ def ctx(
         reading = LoadReading(running=running, read_at=int(read_at))
         load = LoadVerdict(state="open", reading=reading)
     counts = {"api-1": LiveCount(in_flight=live, at=NOW)} if live else {}
-    return GateContext(now=datetime.fromtimestamp(NOW, UTC), live=counts, load=load, **kw)
+    states = {"live": counts, "load": load}
+    return GateContext(now=datetime.fromtimestamp(NOW, UTC), states=states, **kw)
 
 
 def test_the_allotment_is_the_seats_left_clamped_to_the_cap() -> None:

@@ -5,9 +5,10 @@ records and acknowledges its allotments)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
@@ -43,7 +44,10 @@ class SeatRoute:
 
 @asynccontextmanager
 async def seat_route(
-    client: Client, prefix: str, settings: RouteSettings
+    client: Client,
+    prefix: str,
+    settings: RouteSettings,
+    activities: Sequence[Callable[..., Any]] = (),
 ) -> AsyncIterator[SeatRoute]:
     queue = f"{prefix}-{uuid.uuid4().hex[:8]}"
     route = f"route-{queue}"
@@ -51,7 +55,7 @@ async def seat_route(
         client,
         task_queue=queue,
         workflows=[RouteSchedulerWorkflow, SeatBatchWorkflow],
-        activities=[none_closed],
+        activities=[none_closed, *activities],
     ):
         batch = await client.start_workflow(
             SeatBatchWorkflow.run, id=f"batch-{queue}", task_queue=queue

@@ -11,6 +11,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from backfill import refs
 from backfill.messages import LiveReport, RouteSettings
 from backfill.reasons import WaitReason
 from tests.polling import poll_until
@@ -40,12 +41,12 @@ async def test_a_reopened_route_ramps_its_allotments_up(temporal_client: Client)
             return (await scheduler.query(RouteSchedulerWorkflow.status, time.time())).held
 
         await scheduler.signal(
-            RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=1)
+            refs.RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=1)
         )
         await poll_until(allotments, lambda a: a[-1:] == [0], timeout=30, what="the route closed")
         await poll_until(held, lambda n: n == 0, timeout=30, what="the running lines ended")
         await scheduler.signal(
-            RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=0)
+            refs.RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=0)
         )
         await poll_until(allotments, lambda a: a[-1:] == [1], timeout=30, what="one line first")
         status = await scheduler.query(RouteSchedulerWorkflow.status, time.time())
