@@ -150,18 +150,12 @@ def route_lines(batch: Batch, route_id: str) -> RouteLines:
 
 
 async def route_sample(
-    client: Client, route_id: str, configured_limit: int
+    client: Client, route_id: str, configured_limit: int, status: SchedulerStatus | None
 ) -> tuple[int, int, int]:
-    """(running lines, limit, live requests in flight) of a route now, for the console's chart;
-    a route whose scheduler never started has nothing running. Raises when it cannot answer."""
-    handle = client.get_workflow_handle_for(
-        RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
-    )
-    try:
-        status = await quick_query(handle, RouteSchedulerWorkflow.status, time.time())
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
+    """(running lines, limit, live requests in flight) of a route given its scheduler's
+    `status`, for the console's chart; a route whose scheduler never started (None) has nothing
+    running."""
+    if status is None:
         return 0, configured_limit, 0
     lines = await _route_lines(client, route_id, status)
     return lines.running, status.limit, status.live_in_flight

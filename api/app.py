@@ -35,6 +35,7 @@ from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
 from api.preempt_push import PreemptSender
 from api.request_id import RequestIdMiddleware
 from api.request_spans import RequestSpans
+from api.route_poller import RoutePoller
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints, tracing
 from backfill.config import Settings, configured_bases
@@ -75,17 +76,19 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             )
         app.state.temporal = link
         link.start()
+        poller = RoutePoller(link)  # one reader of each route's scheduler for the loops below
         reporter = LiveReporter(
-            app.state.live, link, [r.id for m in settings.models for r in m.routes]
+            app.state.live, link, [r.id for m in settings.models for r in m.routes], poller
         )
         reporter.start()
         app.state.live_reporter = reporter
-        preempt = preempt_sender(settings, app.state.live, link, reporter.me)
+        preempt = preempt_sender(settings, app.state.live, link, reporter.me, poller)
         app.state.preempt = preempt
         sampler = RouteSampler(
             app.state.console.samples,
             link,
             [(r.id, r.max_concurrent_lines) for m in settings.models for r in m.routes],
+            poller,
         )
         sampler.start()
         try:
@@ -99,6 +102,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             if preempt is not None:
                 await preempt.stop()
             await reporter.stop()
+            await poller.close()
             await link.stop()
             app.state.usage.close()
 
@@ -140,7 +144,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 
 
 def preempt_sender(
-    settings: Settings, live: LiveTraffic, link: TemporalLink, process: str
+    settings: Settings,
+    live: LiveTraffic,
+    link: TemporalLink,
+    process: str,
+    poller: RoutePoller | None = None,
 ) -> PreemptSender | None:
     """Preemptive yield's sender of live counts to the workers (decision 0023), started; None
     without its token. The workers are found on the task queue (decision 0034), plus any listed
@@ -157,6 +165,7 @@ def preempt_sender(
         settings.preempt_token,
         process,
         task_queue=settings.task_queue,
+        poller=poller,
     )
     sender.start()
     return sender

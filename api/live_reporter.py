@@ -2,9 +2,10 @@
 report can matter to "Yield to live traffic" (docs/decisions/0009).
 
 For each route the reporter reads the scheduler's view (`live_gate` query: the threshold and the
-count it holds for each api process; queries cost no history), refreshed at most every
-`VIEW_TTL` seconds and only while this process has live requests on the route or a count held
-there. It signals `report_live` by the rule of `should_report`:
+count it holds for each api process; queries cost no history) through the process's one
+`api.route_poller.RoutePoller`, at most `VIEW_TTL` seconds old and only while this process has
+live requests on the route or a count held there. It signals `report_live` by the rule of
+`should_report`:
 - below the threshold every registered process has an equal share of the slack, so however
   counts move inside their shares the true sum stays below the threshold and nothing is sent;
   a process that outgrows its share reports (the sum may be crossing);
@@ -24,9 +25,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from temporalio.service import RPCError, RPCStatusCode
-
 from api.live_traffic import LiveTraffic
+from api.route_poller import RoutePoller
 from api.temporal_link import TemporalLink
 from backfill import refs
 from backfill.background import Background, woken
@@ -97,7 +97,6 @@ def should_report(
 @dataclass
 class _Route:
     view: LiveGateView | None = None
-    view_at: float = -1e9
     sent_at: float = -1e9
     tokens: float = BUCKET_SIZE
     tokens_at: float = field(default_factory=time.monotonic)
@@ -114,9 +113,18 @@ class _Route:
 
 
 class LiveReporter:
-    def __init__(self, live: LiveTraffic, link: TemporalLink, routes: list[str]) -> None:
+    def __init__(
+        self,
+        live: LiveTraffic,
+        link: TemporalLink,
+        routes: list[str],
+        poller: RoutePoller | None = None,
+    ) -> None:
         self.live = live
         self.link = link
+        self.poller = poller or RoutePoller(link)
+        self._own_poller = poller is None
+        """The routes' schedulers, read once for every loop of the process (`api.app`)."""
         self.me = process_id()
         self._routes = {r: _Route() for r in routes}
         self._wake = asyncio.Event()
@@ -130,6 +138,8 @@ class LiveReporter:
     async def stop(self) -> None:
         self._unsubscribe()
         await self._background.stop()
+        if self._own_poller:
+            await self.poller.close()
 
     async def _run(self) -> None:
         while True:
@@ -150,10 +160,7 @@ class LiveReporter:
         gate_off = (
             state.view is not None and state.view.threshold is None and not state.view.every_change
         )
-        if now - state.view_at >= (OFF_VIEW_TTL if gate_off else VIEW_TTL):
-            state.view = await self._view(route)
-            state.view_at = now
-        assert state.view is not None
+        state.view = await self.poller.live_gate(route, OFF_VIEW_TTL if gate_off else VIEW_TTL)
         counts = state.view.counts
         if not should_report(
             current=current,
@@ -175,15 +182,4 @@ class LiveReporter:
         )
         self.signals_sent += 1
         state.sent_at = now
-        state.view_at = -1e9  # read what the scheduler holds now before deciding again
-
-    async def _view(self, route: str) -> LiveGateView:
-        handle = self.link.client().get_workflow_handle_for(
-            refs.RouteSchedulerWorkflow.run, scheduler_workflow_id(route)
-        )
-        try:
-            return await handle.query(refs.RouteSchedulerWorkflow.live_gate)
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return LiveGateView(threshold=None)  # no scheduler: no batch to hold back
-            raise
+        self.poller.forget(route)  # read what the scheduler holds now before deciding again

@@ -6,7 +6,8 @@ takes hundreds of milliseconds or more (docs/decisions/0023). So each api proces
 route's live count to every worker's HTTP server (`BACKFILL_PREEMPT_WORKER_URLS`, bearer
 `BACKFILL_PREEMPT_TOKEN`) at every change, and once a second as a keep-alive (a worker forgets a
 count not renewed in 5 s). Which routes have it on comes from the scheduler's `live_gate` query
-(no history), re-read every `POLICY_TTL` seconds by a task of its own, so a live arrival's
+(no history, through the process's one `api.route_poller.RoutePoller`), re-read every
+`POLICY_TTL` seconds by a task of its own, so a live arrival's
 report never waits behind a Temporal query. Only counts are sent: each worker reads the route's
 policy from the scheduler itself. Temporal or a worker being down never
 affects live traffic: failures are logged and the next change or tick tries again.
@@ -21,13 +22,14 @@ import time
 import httpx
 
 from api.live_traffic import LiveTraffic
+from api.route_poller import RoutePoller
 from api.temporal_link import TemporalLink
 from backfill.background import Background, woken
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import LiveCountReport
 from backfill.metrics import PREEMPT_WORKERS
 from backfill.preempt_peers import find_workers
-from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
+from backfill.preempt_policy import POLICY_TTL
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,13 @@ class PreemptSender:
         process: str,
         transport: httpx.AsyncBaseTransport | None = None,
         task_queue: str | None = None,
+        poller: RoutePoller | None = None,
     ) -> None:
         self.live = live
         self.link = link
+        self.poller = poller or RoutePoller(link)
+        self._own_poller = poller is None
+        """The routes' schedulers, read once for every loop of the process (`api.app`)."""
         self.routes = routes
         self._listed = [u.rstrip("/") for u in worker_urls]
         """`BACKFILL_PREEMPT_WORKER_URLS`: workers always sent to, besides those found."""
@@ -88,6 +94,8 @@ class PreemptSender:
     async def stop(self) -> None:
         self._unsubscribe()
         await self._background.stop(*self._posting.values())
+        if self._own_poller:
+            await self.poller.close()
         if self._http is not None:
             await self._http.aclose()
 
@@ -177,6 +185,7 @@ class PreemptSender:
     async def _read_policies(self) -> None:
         for route in self.routes:
             try:
-                self._policies[route] = await read_preempt_policy(self.link.client(), route)
+                view = await self.poller.live_gate(route, POLICY_TTL)
+                self._policies[route] = view.preempt
             except Exception as err:  # Temporal down or slow: keep what we had
                 log.debug("preemption policy of %s not read: %s", route, err)

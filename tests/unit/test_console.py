@@ -278,10 +278,17 @@ async def test_the_sampler_records_routes_that_answer_and_skips_the_rest(
     from api.console import sampler as sampler_module
     from api.console.sampler import RouteSampler
 
-    async def route_sample(client: object, route: str, configured: int) -> tuple[int, int, int]:
-        if route == "down":
-            raise TimeoutError("query timed out")
+    async def route_sample(
+        client: object, route: str, configured: int, status: object
+    ) -> tuple[int, int, int]:
+        assert status == f"status of {route}"
         return 3, configured, 1
+
+    class Poller:
+        async def status(self, route: str, max_age: float) -> str:
+            if route == "down":
+                raise TimeoutError("query timed out")
+            return f"status of {route}"
 
     class Link:
         up = False
@@ -293,7 +300,12 @@ async def test_the_sampler_records_routes_that_answer_and_skips_the_rest(
 
     monkeypatch.setattr(sampler_module, "route_sample", route_sample)
     samples, link = RouteSamples(), Link()
-    sampler = RouteSampler(samples, link, [("up", 4), ("down", 8)])  # type: ignore[arg-type]
+    sampler = RouteSampler(
+        samples,
+        link,  # type: ignore[arg-type]
+        [("up", 4), ("down", 8)],
+        Poller(),  # type: ignore[arg-type]
+    )
     await sampler.sample_once()
     assert samples.by_route == {}  # Temporal not connected: no sample, no error
     link.up = True
