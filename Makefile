@@ -65,8 +65,15 @@ chromium:
 # The fast tier (docs/developing.md): lint, types, and the tests without the e2e stack (unit,
 # workflows) except those marked scale (their size is the subject), within 3 minutes. make test
 # is the whole suite and what CI runs.
-check: lint promtool
-	$(BIN)/pytest -q --durations=5 -m 'not scale' tests/unit tests/workflows
+# Lint runs alongside the tests (its output is printed after theirs): on 2 cores the tests
+# wait on the dev server much of the time, so the pair takes little more than the tests alone.
+check: venv promtool
+	@$(MAKE) --no-print-directory lint > .check-lint.log 2>&1 & lint=$$!; \
+	$(BIN)/pytest -q --durations=5 -m 'not scale' tests/unit tests/workflows; tests=$$?; \
+	wait $$lint; lint_rc=$$?; \
+	echo "--- make lint (ran alongside the tests)"; cat .check-lint.log; rm -f .check-lint.log; \
+	[ $$lint_rc = 0 ] || echo "make check: lint failed" >&2; \
+	[ $$tests = 0 ] && [ $$lint_rc = 0 ]
 
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
 # A run that collected no test fails (pytest exits 5): a green run must have tested something.
