@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Literal, get_args
+from typing import get_args
 
-from fastapi import Query, Request
+from fastapi import Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from api import batch_reads, batches, files
 from api.admin_batches import batch_filters
-from api.console.web import SessionDep, checked_form, render, router
+from api.console.lists import Action, ListQueryDep, control, render_list
+from api.console.web import SessionDep, render, router
 from api.deps import ClientDep, SettingsDep, StoreDep
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.jobs import is_job
@@ -72,29 +73,23 @@ async def batches_page(
     session: SessionDep,
     client: ClientDep,
     settings: SettingsDep,
+    query: ListQueryDep,
     status: str = "",
-    model: str = "",
-    workspace: str = "",
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
-    identity = session.identity
-    # A member sees its own workspace only, whatever the query says.
-    ws = (workspace or None) if identity.can_see(None) else identity.workspace
-    filters = batch_filters(ws, status or None, model or None)
-    page = await batch_reads.list_page(client, filters, after=after, limit=limit)
+    filters = batch_filters(query.workspace_for(session), status or None, query.model or None)
+    page = await batch_reads.list_page(client, filters, after=query.after, limit=query.limit)
     rows = await asyncio.gather(*(_with_reasons(client, session, b) for b in page.data))
-    return render(
+    return render_list(
         request,
         "batches.html",
         session,
+        settings,
+        query,
         rows=rows,
         has_more=page.has_more,
-        next_after=page.last_id,
-        first_page=after is None,
-        filters={"status": status, "model": model, "workspace": ws or "", "limit": limit},
+        last_id=page.last_id,
+        own={"status": status},
         statuses=STATUSES,
-        models=[m.id for m in settings.models],
         now=time.time(),
         why_it_waits=why_it_waits,
         is_job=lambda b: is_job(b.metadata),
@@ -117,21 +112,22 @@ async def batch_page(
     )
 
 
-Action = Literal["pause", "resume", "cancel"]
-
-
 @router.post("/batches/{batch_id}/{action}", response_model=None)
 async def control_batch(
     request: Request, batch_id: str, action: Action, session: SessionDep, client: ClientDep
-) -> Response:
-    await checked_form(request, session)
-    control = {
+) -> RedirectResponse:
+    do = {
         "pause": batches.pause_batch,
         "resume": batches.resume_batch,
         "cancel": batches.cancel_batch,
     }[action]
-    await control(batch_id, client, session.identity)
-    return RedirectResponse(f"/console/batches/{batch_id}?done={action}", status_code=303)
+    return await control(
+        request,
+        session,
+        f"batches/{batch_id}",
+        action,
+        lambda: do(batch_id, client, session.identity),
+    )
 
 
 @router.get("/files/{file_id}/content", response_model=None)

@@ -9,14 +9,15 @@ and never downloads content.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import get_args
 
-from fastapi import Query, Request
+from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 
 from api import jobs
 from api.admin_jobs import admin_view, job_page
-from api.console.web import SessionDep, checked_form, render, router
+from api.console.lists import Action, ListQueryDep, control, render_list
+from api.console.web import SessionDep, render, router
 from api.deps import ClientDep, SettingsDep, StoreDep
 from backfill.jobs import TERMINAL_JOB_STATES, Job, JobState
 
@@ -37,27 +38,31 @@ async def jobs_page(
     client: ClientDep,
     store: StoreDep,
     settings: SettingsDep,
+    query: ListQueryDep,
     state: str = "",
-    model: str = "",
-    workspace: str = "",
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
-    identity = session.identity
-    # A member sees its own workspace only, whatever the query says.
-    ws = (workspace or None) if identity.can_see(None) else identity.workspace
-    page = await job_page(client, store, identity, ws, state or None, model or None, after, limit)
-    return render(
+    ws = query.workspace_for(session)
+    page = await job_page(
+        client,
+        store,
+        session.identity,
+        ws,
+        state or None,
+        query.model or None,
+        query.after,
+        query.limit,
+    )
+    return render_list(
         request,
         "jobs.html",
         session,
+        settings,
+        query,
         rows=page.data,
         has_more=page.has_more,
-        next_after=page.last_id,
-        first_page=after is None,
-        filters={"state": state, "model": model, "workspace": ws or "", "limit": limit},
+        last_id=page.last_id,
+        own={"state": state},
         states=JOB_STATES,
-        models=[m.id for m in settings.models],
     )
 
 
@@ -76,16 +81,17 @@ async def job_detail_page(
     )
 
 
-Action = Literal["pause", "resume", "cancel"]
-
-
 @router.post("/jobs/{job_id}/{action}", response_model=None)
 async def control_job(
     request: Request, job_id: str, action: Action, session: SessionDep, client: ClientDep
-) -> Response:
-    await checked_form(request, session)
-    await jobs.control_batch(action, job_id, client, session.identity)
-    return RedirectResponse(f"/console/jobs/{job_id}?done={action}", status_code=303)
+) -> RedirectResponse:
+    return await control(
+        request,
+        session,
+        f"jobs/{job_id}",
+        action,
+        lambda: jobs.control_batch(action, job_id, client, session.identity),
+    )
 
 
 @router.get("/jobs/{job_id}/output", response_model=None)

@@ -469,3 +469,17 @@ def test_the_route_page_says_whether_preemption_can_act(
         BatchScheduling(route="r1", settings=RouteSettings.model_validate(doc), status=status)
     )
     assert channel_row(html) == row
+
+
+def test_a_list_s_paging_links_keep_its_filters_in_order() -> None:
+    from api.console.web import templates
+
+    paging = templates.env.get_template("macros.html").module.paging  # type: ignore[attr-defined]
+    filters = {"state": "paused", "model": "m/1 x", "workspace": "", "limit": 20}
+    html = str(paging("/console/jobs", filters, False, True, "batch_9"))
+    query = "state=paused&amp;model=m/1%20x&amp;workspace=&amp;limit=20"
+    assert f'<a href="/console/jobs?{query}">First page</a>' in html
+    assert f'<a href="/console/jobs?{query}&amp;after=batch_9">Next page</a>' in html
+    first = str(paging("/console/batches", {"status": "", "limit": 5}, True, False, None))
+    assert "First page" not in first and "Next page" not in first
+    assert "refreshes itself every 2 seconds" in first
