@@ -15,6 +15,10 @@ winner's record. Reads stream (`GetObject`'s body, ranged for single lines); the
 read in blocks kept in a small bounded cache (an index never changes once written), so a line
 costs one ranged read of the input, not a download of it.
 
+The bucket's plain object operations, the client and the conditional-write check are
+`backfill.store.s3_objects` (`S3Store` builds on `S3Objects`); a file's upload is
+`backfill.store.s3_upload`.
+
 boto3 is synchronous and its client is thread-safe: every call here runs in a caller's thread
 (the worker's store pool, the api's `asyncio.to_thread`). Credentials come from boto3's standard
 chain (environment, shared files, instance/pod roles) and are never logged nor passed through
@@ -26,21 +30,30 @@ from __future__ import annotations
 import io
 import json
 import logging
-import secrets
 import threading
-import time
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from backfill.ids import is_batch_id, is_file_id, new_file_id
-from backfill.store.base import FINALIZED, FileObject, Store, Upload
+from backfill.ids import is_batch_id, is_file_id
+from backfill.store.base import FINALIZED, FileObject, Store
+from backfill.store.s3_objects import (
+    NOT_FOUND,
+    PROBE_KEY,
+    READ_BUFFER_BYTES,
+    S3Objects,
+    UnfitStore,
+    _BodyReader,
+    _code,
+    s3_client,
+)
+from backfill.store.s3_upload import S3Upload
+
+__all__ = ["PROBE_KEY", "S3Store", "S3Upload", "UnfitStore"]
 
 if TYPE_CHECKING:
     from backfill.config import Settings
@@ -51,40 +64,19 @@ INDEX_BLOCK_ENTRIES = 8192
 """Entries of an index array read at once (64 KiB of offsets)."""
 INDEX_CACHE_BLOCKS = 256
 """Most index blocks kept (at most 16 MiB; 3 blocks cover 8,192 lines of a route)."""
-READ_BUFFER_BYTES = 1 << 20
-"""Read-ahead of a streamed object (validation, finalizing, downloads)."""
 LIST_THREADS = 8
 """Parallel metadata reads when listing files."""
 SETTLE_THREADS = 16
 """Parallel result reads (and fills) when finalizing (`settle_results`)."""
 SETTLE_AHEAD = 128
 """Lines read ahead of the one finalizing writes: their records are the memory it holds."""
-CONFLICT_RETRIES = 8
-"""Times a conditional write is tried again when S3 answers 409 (a concurrent conditional write
-to the same key was in progress): the next try gets 200 or 412."""
-NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
-PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
-CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
 
 
-PROBE_KEY = "probe/if-none-match-"
-"""Where `check_conditional_writes` writes (then deletes) its probe, under the prefix."""
+class S3Store(S3Objects, Store):
+    """The `Store` interface on a bucket's objects (`S3Objects`)."""
 
-
-class UnfitStore(RuntimeError):
-    """The S3 endpoint cannot keep the store's guarantees (it ignores `If-None-Match: *`, or
-    refuses conditional writes): the api and the worker refuse to start with this reason."""
-
-
-def _code(err: ClientError) -> str:
-    return str(err.response.get("Error", {}).get("Code", ""))
-
-
-class S3Store(Store):
     def __init__(self, client: Any, bucket: str, prefix: str = "", part_bytes: int = 8 << 20):
-        self.client = client
-        self.bucket = bucket
-        self.prefix = prefix
+        super().__init__(client, bucket, prefix)
         self.part_bytes = part_bytes
         self._blocks: OrderedDict[tuple[str, str, int], array] = OrderedDict()
         self._lock = threading.Lock()
@@ -92,24 +84,7 @@ class S3Store(Store):
     @classmethod
     def from_settings(cls, settings: Settings) -> S3Store:
         assert settings.s3_bucket is not None  # Settings checks it
-        custom = settings.s3_endpoint_url is not None
-        config = Config(
-            retries={"max_attempts": 5, "mode": "standard"},
-            max_pool_connections=64,  # the worker's 32 store threads, finalizing, validation
-            connect_timeout=10,
-            read_timeout=60,
-            # S3-compatible servers: path-style URLs, and checksums only where S3 requires them
-            # (older MinIO and Ceph reject the default CRC trailers).
-            s3={"addressing_style": "path"} if custom else None,
-            request_checksum_calculation="when_required" if custom else "when_supported",
-            response_checksum_validation="when_required" if custom else "when_supported",
-        )
-        client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=settings.s3_endpoint_url,
-            region_name=settings.s3_region,
-            config=config,
-        )
+        client = s3_client(settings)
         log.info(
             "file store: s3 bucket %s prefix %r endpoint %s",
             settings.s3_bucket,
@@ -119,39 +94,6 @@ class S3Store(Store):
         store = cls(client, settings.s3_bucket, settings.s3_prefix, settings.s3_part_bytes)
         store.check_conditional_writes()
         return store
-
-    def check_conditional_writes(self) -> None:
-        """Exactly-once commits rest on `PutObject` with `If-None-Match: *` answering 412 when
-        the key exists; a server that ignores the header overwrites instead, silently. Probe
-        it: the same conditional put twice on a fresh key, the second must be refused. Raises
-        UnfitStore with the reason otherwise (the probe key is deleted either way)."""
-        key = f"{self.prefix}{PROBE_KEY}{secrets.token_hex(8)}"
-        where = f"S3 endpoint {self.client.meta.endpoint_url}, bucket {self.bucket!r}"
-        try:
-            for attempt in ("first", "second"):
-                try:
-                    self.client.put_object(
-                        Bucket=self.bucket, Key=key, Body=b"probe", IfNoneMatch="*"
-                    )
-                except ClientError as err:
-                    if attempt == "second" and _code(err) in PRECONDITION_FAILED:
-                        return  # refused as it must be
-                    raise UnfitStore(
-                        f"{where}: a PutObject with If-None-Match: * ({attempt}, on {key}) "
-                        f"failed with {_code(err) or err}; the file store needs conditional "
-                        "writes (docs/storage.md)"
-                    ) from err
-            raise UnfitStore(
-                f"{where} ignores If-None-Match: * (a second conditional PutObject of {key} "
-                "overwrote it instead of answering 412 PreconditionFailed): per-line results "
-                "would not be committed exactly once. Use a server with conditional writes "
-                "(AWS S3, current MinIO or Ceph RGW; docs/storage.md)"
-            )
-        finally:
-            try:
-                self.client.delete_object(Bucket=self.bucket, Key=key)
-            except ClientError as err:  # not worth refusing to start over
-                log.warning("could not delete the store's probe %s: %s", key, _code(err))
 
     # ---- keys and plain object operations ------------------------------------------------------
     def _file_key(self, file_id: str, ext: str) -> str:
@@ -163,76 +105,6 @@ class S3Store(Store):
         if not is_batch_id(batch_id):
             raise KeyError(batch_id)
         return f"{self.prefix}batches/{batch_id}/{name}"
-
-    def _get(self, key: str, range_: str | None = None) -> bytes | None:
-        try:
-            if range_ is None:
-                resp = self.client.get_object(Bucket=self.bucket, Key=key)
-            else:
-                resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=range_)
-        except ClientError as err:
-            if _code(err) in NOT_FOUND:
-                return None
-            raise
-        with resp["Body"] as body:
-            return body.read()  # type: ignore[no-any-return]
-
-    def _put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
-
-    def _put_first(self, key: str, data: bytes) -> tuple[bytes, bool]:
-        """Write `data` unless the key exists: (the stored bytes, True if these are ours)."""
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
-                return data, True
-            except ClientError as err:
-                code = _code(err)
-                if code in PRECONDITION_FAILED:
-                    existing = self._get(key)
-                    if existing is not None:
-                        return existing, False
-                    continue  # deleted meanwhile (the batch's work dropped): try again
-                if code not in CONFLICT:
-                    raise
-            time.sleep(0.05 * (attempt + 1))
-        raise RuntimeError(f"conditional write of {key} kept conflicting")
-
-    def _open(self, key: str) -> BinaryIO | None:
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=key)
-        except ClientError as err:
-            if _code(err) in NOT_FOUND:
-                return None
-            raise
-        return io.BufferedReader(_BodyReader(resp["Body"]), READ_BUFFER_BYTES)
-
-    def _exists(self, key: str) -> bool:
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=key)
-        except ClientError as err:
-            if _code(err) in NOT_FOUND:
-                return False
-            raise
-        return True
-
-    def _list(self, prefix: str) -> Iterator[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix
-        )
-        for page in pages:
-            for item in page.get("Contents", []):
-                yield item["Key"]
-
-    def _delete_keys(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
-            batch = [{"Key": k} for k in keys[i : i + 1000]]
-            resp = self.client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
-            )
-            if resp.get("Errors"):
-                first = resp["Errors"][0]
-                raise RuntimeError(f"delete of {first.get('Key')} failed: {first.get('Code')}")
 
     # ---- files ------------------------------------------------------------------------------
     def begin_upload(self, max_bytes: int, file_id: str | None = None) -> S3Upload:
@@ -306,31 +178,6 @@ class S3Store(Store):
         names = [k[start:] for k in self._list(self.prefix + prefix)]
         names += [f"{key[start:]}#upload" for key, _, _ in self._uploads(self.prefix + prefix)]
         return sorted(names)
-
-    def _uploads(self, prefix: str) -> Iterator[tuple[str, str, float]]:
-        """(key, upload id, when begun) of every multipart upload begun and not completed nor
-        aborted."""
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=prefix
-        )
-        for page in pages:
-            for item in page.get("Uploads", []):
-                yield item["Key"], item["UploadId"], item["Initiated"].timestamp()
-
-    def _parts(self, key: str, upload_id: str) -> list[dict[str, Any]] | None:
-        """The parts a multipart upload holds so far; None if it is finished or aborted."""
-        parts: list[dict[str, Any]] = []
-        try:
-            pages = self.client.get_paginator("list_parts").paginate(
-                Bucket=self.bucket, Key=key, UploadId=upload_id
-            )
-            for page in pages:
-                parts += page.get("Parts", [])
-        except ClientError as err:
-            if _code(err) != "NoSuchUpload":
-                raise
-            return None
-        return parts
 
     def drop_abandoned_uploads(self, before: float) -> int:
         """Multipart uploads neither begun nor given a part since `before` are aborted (an
@@ -557,98 +404,6 @@ class S3Store(Store):
 
     def get_partial(self, batch_id: str, line_no: int) -> bytes | None:
         return self._get(self._partial_key(batch_id, line_no))
-
-
-class S3Upload(Upload):
-    """Buffers up to one part in memory; from the first full part on, a multipart upload
-    (aborted on `abort`). A file smaller than a part is one `PutObject` at `finish`."""
-
-    def __init__(self, store: S3Store, max_bytes: int, file_id: str | None = None) -> None:
-        super().__init__(max_bytes)
-        self.store = store
-        self._id = file_id or new_file_id()
-        """The file id the parts are uploaded under (finish may name another: then a copy)."""
-        self._buf = bytearray()
-        self._upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
-
-    @property
-    def _key(self) -> str:
-        return self.store._file_key(self._id, "data")
-
-    def write_chunk(self, chunk: bytes) -> None:
-        self._buf += chunk
-        while len(self._buf) >= self.store.part_bytes:
-            part = bytes(self._buf[: self.store.part_bytes])
-            del self._buf[: self.store.part_bytes]
-            self._send_part(part)
-
-    def _send_part(self, data: bytes) -> None:
-        s = self.store
-        if self._upload_id is None:
-            resp = s.client.create_multipart_upload(Bucket=s.bucket, Key=self._key)
-            self._upload_id = resp["UploadId"]
-        number = len(self._parts) + 1
-        resp = s.client.upload_part(
-            Bucket=s.bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=data
-        )
-        self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
-
-    def publish(self, obj: FileObject) -> None:
-        s = self.store
-        if self._upload_id is None:  # smaller than a part: one put, straight to its key
-            s._put(s._file_key(obj.id, "data"), bytes(self._buf))
-        else:
-            if self._buf:
-                self._send_part(bytes(self._buf))
-            self._buf.clear()
-            s.client.complete_multipart_upload(
-                Bucket=s.bucket,
-                Key=self._key,
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
-            )
-            self._upload_id = None
-            if obj.id != self._id:  # the caller named the file at the end: move it there
-                target = s._file_key(obj.id, "data")
-                s.client.copy_object(
-                    Bucket=s.bucket, Key=target, CopySource={"Bucket": s.bucket, "Key": self._key}
-                )
-                s.client.delete_object(Bucket=s.bucket, Key=self._key)
-        s.update_file(obj)
-
-    def abort(self) -> None:
-        self._buf = bytearray()
-        if self._upload_id is not None:
-            upload_id, self._upload_id = self._upload_id, None
-            try:
-                self.store.client.abort_multipart_upload(
-                    Bucket=self.store.bucket, Key=self._key, UploadId=upload_id
-                )
-            except ClientError as err:
-                if _code(err) != "NoSuchUpload":
-                    raise
-
-
-class _BodyReader(io.RawIOBase):
-    """A GetObject body as a raw stream (wrapped in a BufferedReader by `S3Store._open`)."""
-
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        data = self._body.read(len(b))
-        n = len(data)
-        b[:n] = data
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            self._body.close()
-        super().close()
 
 
 def _iter_array(f: BinaryIO, typecode: str) -> Iterator[int]:
