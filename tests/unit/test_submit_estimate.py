@@ -167,7 +167,7 @@ def test_the_cli_and_the_console_say_the_estimate() -> None:
     from api.console.web import templates
     from api.deps import Identity
     from backfill.batches import Batch, SubmitEstimate
-    from tools.client.commands import _estimate
+    from tools.client.wording import estimate_line
 
     batch = Batch(
         id="batch_x",
@@ -194,7 +194,7 @@ def test_the_cli_and_the_console_say_the_estimate() -> None:
         )
 
     def cli() -> str | None:
-        return _estimate(batch.model_dump()["backfill"])
+        return estimate_line(batch.model_dump()["backfill"])
 
     assert 'id="estimate"' not in page() and cli() is None  # a batch from before: no row
     batch.backfill.estimate = SubmitEstimate(
