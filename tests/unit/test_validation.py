@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, cast
 
 import pytest
 
-from backfill import input_rules as validation
+from backfill import input_lines
 from backfill.config import Limits, ModelConfig, RouteConfig, Settings
 from backfill.input_rules import ValidationOutcome, validate_input
 from backfill.store import RouteLines
@@ -143,7 +143,7 @@ def test_offsets_and_lengths_reproduce_lines_across_chunk_boundaries(
     assert reference.errors == []
     assert slices(data, reference) == lines
     for chunk in (1, 2, 3, 7, 64, len(lines[0]), len(lines[0]) + 1):
-        monkeypatch.setattr(validation, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(input_lines, "CHUNK_BYTES", chunk)
         out = run(data)
         assert out == reference, chunk
 
@@ -399,7 +399,7 @@ def test_line_too_large_and_following_lines_still_checked() -> None:
 
 
 def test_line_too_large_spanning_chunks_is_not_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validation, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(input_lines, "CHUNK_BYTES", 64)
     huge = b'{"custom_id": "' + b"z" * 100_000 + b'"}'
     data = req("a") + b"\n" + huge + b"\r\n" + b"   " * 100 + b"\n" + req("b")
     out = run(data)
@@ -518,7 +518,7 @@ def test_fifty_thousand_lines_validate_fast() -> None:
 
 
 def test_seen_ids_finds_every_duplicate_across_table_growth() -> None:
-    seen = validation.SeenIds()
+    seen = input_lines.SeenIds()
     for i in range(20_000):  # the table grows from 1,024 slots several times
         assert seen.add(f"id-{i}", i + 1) is None
     assert len(seen) == 20_000
