@@ -16,7 +16,7 @@ from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import submit, wait_terminal
 from tests.e2e.test_webhooks import (
     ADMIN,
-    FAST_RETRIES,
+    WEBHOOK_STACK,
     deliveries,
     hooks_url,
     make_endpoint,
@@ -24,7 +24,6 @@ from tests.e2e.test_webhooks import (
     until,
 )
 from tests.polling import poll_until
-from tools.sim import SimConfig
 
 
 @dataclass
@@ -56,9 +55,9 @@ class SwitchingReceiver:
 
 
 async def test_a_pending_event_reaches_a_receiver_that_switched_after_a_rotation(
-    make_stack: MakeStack,
+    lease_stack: MakeStack,
 ) -> None:
-    stack = await make_stack(extra_env=FAST_RETRIES, sim=SimConfig(model_names=[], latency_ms=5))
+    stack = await lease_stack(**WEBHOOK_STACK)
     receiver = SwitchingReceiver()
     server = await serve(receiver)  # type: ignore[arg-type]
     try:
@@ -70,7 +69,7 @@ async def test_a_pending_event_reaches_a_receiver_that_switched_after_a_rotation
             lambda d: len(d) == 1 and d[0]["targets"][0]["attempts"] >= 1,
             "the event's first attempt (answered 503)",
         )
-        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+        async with httpx.AsyncClient(headers=stack.auth(ADMIN)) as http:
             r = await http.post(f"{hooks_url(stack, 'alpha')}/{endpoint.id}/rotate_secret")
         assert r.status_code == 200, r.text
         new_secret = r.json()["signing_secret"]
@@ -96,7 +95,7 @@ async def test_a_pending_event_reaches_a_receiver_that_switched_after_a_rotation
 
 
 async def test_a_worker_without_the_key_fails_the_delivery_at_once(make_stack: MakeStack) -> None:
-    stack = await make_stack(extra_env=FAST_RETRIES, sim=SimConfig(model_names=[], latency_ms=5))
+    stack = await make_stack(**WEBHOOK_STACK)
     receiver = SwitchingReceiver(secret="unused")
     server = await serve(receiver)  # type: ignore[arg-type]
     try:

@@ -31,6 +31,13 @@ FAST_RETRIES = {
     "BACKFILL_WEBHOOK_TIMEOUT_SECONDS": "2",
 }
 
+WEBHOOK_STACK: dict[str, Any] = {
+    "extra_env": FAST_RETRIES,
+    "sim": SimConfig(model_names=[], latency_ms=5),
+}
+"""The webhook tests' stack: a lease of the shared one of these options, or a test's own
+where its worker processes are the subject (killed, or started without the key)."""
+
 
 @dataclass
 class Receiver:
@@ -77,14 +84,14 @@ def hooks_url(stack: Stack, ws: str) -> str:
 
 
 async def make_endpoint(stack: Stack, ws: str, url: str) -> WebhookEndpointWithSecret:
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+    async with httpx.AsyncClient(headers=stack.auth(ADMIN)) as http:
         r = await http.post(hooks_url(stack, ws), json={"url": url, "name": "test"})
     assert r.status_code == 200, r.text
     return WebhookEndpointWithSecret.model_validate(r.json())
 
 
 async def deliveries(stack: Stack, ws: str, key: str) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http:
+    async with httpx.AsyncClient(headers=stack.auth(key)) as http:
         r = await http.get(hooks_url(stack, ws) + "/deliveries")
     assert r.status_code == 200, r.text
     data: list[dict[str, Any]] = r.json()["data"]
@@ -96,9 +103,9 @@ async def until(probe: Callable[[], Awaitable[Any]], done: Callable[[Any], bool]
 
 
 async def test_events_verify_with_the_sdk_and_a_flaky_receiver_gets_one_more(
-    make_stack: MakeStack,
+    lease_stack: MakeStack,
 ) -> None:
-    stack = await make_stack(extra_env=FAST_RETRIES, sim=SimConfig(model_names=[], latency_ms=5))
+    stack = await lease_stack(**WEBHOOK_STACK)
     ok, flaky = Receiver(), Receiver(script=[500, 500])
     servers = [await serve(ok), await serve(flaky)]
     try:
@@ -113,7 +120,7 @@ async def test_events_verify_with_the_sdk_and_a_flaky_receiver_gets_one_more(
         ]
 
         # The workspace's member reads its endpoints (never a secret), not another's.
-        async with httpx.AsyncClient(headers={"Authorization": "Bearer sk-test-alpha"}) as http:
+        async with httpx.AsyncClient(headers=stack.auth("sk-test-alpha")) as http:
             listed = (await http.get(hooks_url(stack, "alpha"))).json()["data"]
             assert [e["id"] for e in listed] == [endpoint.id]
             assert "signing_secret" not in listed[0]
@@ -121,7 +128,7 @@ async def test_events_verify_with_the_sdk_and_a_flaky_receiver_gets_one_more(
             assert (await http.get(hooks_url(stack, "beta"))).status_code == 404
             made = await http.post(hooks_url(stack, "alpha"), json={"url": "https://x.example"})
             assert made.status_code == 403, made.text
-        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+        async with httpx.AsyncClient(headers=stack.auth(ADMIN)) as http:
             private = await http.post(hooks_url(stack, "alpha"), json={"url": "http://10.0.0.1/"})
             assert private.status_code == 400, private.text
             assert private.json()["error"]["code"] == "destination_refused"
@@ -175,7 +182,7 @@ async def test_events_verify_with_the_sdk_and_a_flaky_receiver_gets_one_more(
 
 
 async def test_a_worker_killed_mid_delivery_still_delivers(make_stack: MakeStack) -> None:
-    stack = await make_stack(extra_env=FAST_RETRIES, sim=SimConfig(model_names=[], latency_ms=5))
+    stack = await make_stack(**WEBHOOK_STACK)
     receiver = Receiver(hold=asyncio.Event())
     server = await serve(receiver)
     try:
