@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -17,6 +18,9 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from api.errors import InvalidRequest, PayloadTooLarge
 from api.middleware import BodyTooLarge
 from backfill.store import FileTooLarge, Store, Upload
+
+if TYPE_CHECKING:  # the library declares it for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELD_BYTES = 4096
 """Largest value of a form field other than the file."""
@@ -34,6 +38,108 @@ class ParsedUpload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
+class _FormReader:
+    """The multipart parser's callbacks and what they share: the part being read (its name, its
+    headers, a field's value so far), the counts bounded by `MAX_PARTS` and `MAX_HEADER_BYTES`,
+    the upload the file part goes into, and the first error (after which nothing more is kept).
+    The parser calls them in order, from one thread at a time."""
+
+    def __init__(self, store: Store, max_bytes: int) -> None:
+        self.store = store
+        self.max_bytes = max_bytes
+        self.out = ParsedUpload()
+        self.errors: list[Exception] = []
+        self.parts = 0
+        self.name: str | None = None
+        """The current part's name (None until its headers are read)."""
+        self.is_file = False
+        """The current part is the file (its data goes to the upload)."""
+        self.headers: dict[bytes, bytes] = {}
+        self.header_bytes = 0
+        self.header_field = bytearray()
+        self.header_value = bytearray()
+        self.field_buf = bytearray()
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": self.on_header_field,
+            "on_header_value": self.on_header_value,
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+        }
+
+    def fail(self, err: Exception) -> None:
+        """Record `err` unless an earlier error stands (the first one is answered)."""
+        if not self.errors:
+            self.errors.append(err)
+
+    def on_part_begin(self) -> None:
+        self.name, self.is_file = None, False
+        self.headers.clear()
+        self.field_buf.clear()
+        self.parts += 1
+        self.header_bytes = 0
+        if self.parts > MAX_PARTS:
+            self.fail(InvalidRequest(f"The form has more than {MAX_PARTS} parts."))
+
+    def _count_header(self, n: int) -> None:
+        self.header_bytes += n
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self.fail(
+                InvalidRequest(f"A form part's headers are longer than {MAX_HEADER_BYTES} bytes.")
+            )
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
+        if not self.errors:
+            self.header_field.extend(data[start:end])
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
+        if not self.errors:
+            self.header_value.extend(data[start:end])
+
+    def on_header_end(self) -> None:
+        self.headers[bytes(self.header_field).lower()] = bytes(self.header_value)
+        self.header_field.clear()
+        self.header_value.clear()
+
+    def on_headers_finished(self) -> None:
+        if self.errors:
+            return
+        _, disp = parse_options_header(self.headers.get(b"content-disposition", b""))
+        self.name = disp.get(b"name", b"").decode(errors="replace")
+        if b"filename" in disp and self.name == "file":
+            out = self.out
+            if out.upload is not None:
+                # A second file would be appended to the first: refuse instead.
+                self.fail(InvalidRequest("Only one 'file' part is allowed.", param="file"))
+                return
+            out.filename = disp[b"filename"].decode(errors="replace")[:256] or out.filename
+            out.upload = self.store.begin_upload(self.max_bytes)
+            self.is_file = True
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.errors:
+            return
+        if self.is_file and self.out.upload is not None:
+            try:
+                self.out.upload.write(data[start:end])
+            except FileTooLarge as err:
+                self.fail(err)
+        else:
+            self.field_buf.extend(data[start:end])
+            if len(self.field_buf) > MAX_FIELD_BYTES:
+                self.fail(InvalidRequest(f"Form field {self.name!r} is too long."))
+
+    def on_part_end(self) -> None:
+        if not self.is_file and self.name:
+            self.out.fields[self.name] = self.field_buf.decode(errors="replace")
+
+
 async def read_upload(request: Request, store: Store, max_bytes: int) -> ParsedUpload:
     """Parse the form; the caller must `finish` or `abort` the returned upload."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
@@ -42,98 +148,19 @@ async def read_upload(request: Request, store: Store, max_bytes: int) -> ParsedU
         raise InvalidRequest(
             "Expected a multipart/form-data body with 'file' and 'purpose'.", param="file"
         )
-    out = ParsedUpload()
-    part: dict[str, object] = {}
-    headers: dict[bytes, bytes] = {}
-    header_field = bytearray()
-    header_value = bytearray()
-    field_buf = bytearray()
-    errors: list[Exception] = []
-
-    counts = {"parts": 0, "header_bytes": 0}
-
-    def on_part_begin() -> None:
-        part.clear()
-        headers.clear()
-        field_buf.clear()
-        counts["parts"] += 1
-        counts["header_bytes"] = 0
-        if counts["parts"] > MAX_PARTS and not errors:
-            errors.append(InvalidRequest(f"The form has more than {MAX_PARTS} parts."))
-
-    def count_header(n: int) -> None:
-        counts["header_bytes"] += n
-        if counts["header_bytes"] > MAX_HEADER_BYTES and not errors:
-            errors.append(
-                InvalidRequest(f"A form part's headers are longer than {MAX_HEADER_BYTES} bytes.")
-            )
-
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        count_header(end - start)
-        if not errors:
-            header_field.extend(data[start:end])
-
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        count_header(end - start)
-        if not errors:
-            header_value.extend(data[start:end])
-
-    def on_header_end() -> None:
-        headers[bytes(header_field).lower()] = bytes(header_value)
-        header_field.clear()
-        header_value.clear()
-
-    def on_headers_finished() -> None:
-        if errors:
-            return
-        _, disp = parse_options_header(headers.get(b"content-disposition", b""))
-        name = disp.get(b"name", b"").decode(errors="replace")
-        part["name"] = name
-        if b"filename" in disp and name == "file":
-            if out.upload is not None:
-                # A second file would be appended to the first: refuse instead.
-                errors.append(InvalidRequest("Only one 'file' part is allowed.", param="file"))
-                return
-            out.filename = disp[b"filename"].decode(errors="replace")[:256] or out.filename
-            out.upload = store.begin_upload(max_bytes)
-            part["file"] = True
-
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        if errors:
-            return
-        if part.get("file") and out.upload is not None:
-            try:
-                out.upload.write(data[start:end])
-            except FileTooLarge as err:
-                errors.append(err)
-        else:
-            field_buf.extend(data[start:end])
-            if len(field_buf) > MAX_FIELD_BYTES:
-                errors.append(InvalidRequest(f"Form field {part.get('name')!r} is too long."))
-
-    def on_part_end() -> None:
-        if not part.get("file") and part.get("name"):
-            out.fields[str(part["name"])] = field_buf.decode(errors="replace")
-
+    form = _FormReader(store, max_bytes)
     parser = MultipartParser(
         boundary,
-        {
-            "on_part_begin": on_part_begin,
-            "on_header_field": on_header_field,
-            "on_header_value": on_header_value,
-            "on_header_end": on_header_end,
-            "on_headers_finished": on_headers_finished,
-            "on_part_data": on_part_data,
-            "on_part_end": on_part_end,
-        },
+        form.callbacks(),
         # The parser's own bounds (per header line) sit above ours, so ours answer first,
         # with a clear message; a single line over twice our bound is "malformed".
         max_header_count=MAX_PARTS,
         max_header_size=2 * MAX_HEADER_BYTES,
     )
+    out, errors = form.out, form.errors
     try:
         async for chunk in request.stream():
-            # The callbacks above run in that thread too (begin_upload, Upload.write); the loop
+            # The callbacks run in that thread too (begin_upload, Upload.write); the loop
             # waits for each chunk, so they never run concurrently with each other.
             await asyncio.to_thread(parser.write, chunk)
             if errors:
