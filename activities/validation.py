@@ -11,6 +11,7 @@ from activities.heartbeat import heartbeating
 from backfill.config import Settings
 from backfill.input_rules import validate_input as validate_lines
 from backfill.messages import RouteAssignment, ValidateInput, ValidateOutput
+from backfill.prefix_order import reorder
 from backfill.store import RouteLines, Store
 
 
@@ -36,6 +37,10 @@ class ValidationActivities:
             )
         if out.errors:
             return ValidateOutput(errors=out.errors)
+        # The order each route's lines start in (the route's line list); the output keeps the
+        # input's order whatever this is.
+        if len(out.prefix_keys):
+            out.route_line_numbers = [reorder(n, out.prefix_keys) for n in out.route_line_numbers]
         self.store.write_index(
             input.batch_id, out.offsets, out.lengths, out.routes, out.route_line_numbers
         )

@@ -26,6 +26,7 @@ from backfill.body_policy import refusal_message, refused_field
 from backfill.config import ModelConfig, Settings
 from backfill.endpoints import ENDPOINTS, REGISTRY
 from backfill.input_lines import SeenIds, iter_lines
+from backfill.prefix_order import PrefixKeys, prefix_key, prompt_text
 from backfill.routing import choose_route
 from backfill.store import RouteLines
 
@@ -53,6 +54,9 @@ class ValidationOutcome:
     `offsets`) routed there, ascending."""
     models: list[str] = field(default_factory=list)
     """The distinct models the file uses, in first-seen order."""
+    prefix_keys: PrefixKeys = field(default_factory=PrefixKeys)
+    """Each request line's prompt prefix key (`backfill.prefix_order`), by line number; empty
+    when `limits.order_lines_by_prefix` is off."""
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -342,6 +346,8 @@ def validate_input(
             models_seen.setdefault(model_id, None)
         counts[slot] += 1
         out.route_line_numbers[slot].append(index)
+        if limits.order_lines_by_prefix:
+            out.prefix_keys.add(prefix_key(prompt_text(body, checker.spec.input_field)))
         offsets.append(offset)
         lengths.append(length)
 

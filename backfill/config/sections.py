@@ -89,6 +89,10 @@ class Limits(_Strict):
     (OpenAI's default: 30 days). Batch outputs are kept until deleted unless the batch was
     created with `output_expires_after`."""
     max_lines_per_batch: int = Field(default=50_000, ge=1)
+    order_lines_by_prefix: bool = True
+    """Start a batch's lines that share a prompt prefix together, so the model server's prefix
+    cache serves them (`backfill.prefix_order`); off: lines start in input order. Read when a
+    batch is validated; the output is in input order either way."""
     max_line_bytes: int = Field(default=1024 * 1024, ge=16)
     """Largest accepted input line, in bytes, without its newline."""
     max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
