@@ -44,9 +44,11 @@ engine step, per class (live, or batch: requests carrying `X-Backfill-Batch`), s
 running when the window ends count for the tokens they produced inside it. Wasted = the tokens of
 batch requests aborted during the window (their client closed the connection), less those a
 later request sent back as the partial answer it continues (a resumed line: the simulator matches
-a continuation with the aborted request it continues, `ClassCounters.kept_tokens`), as a share of
-the batch tokens generated in it. Useful share = the batch tokens kept (generated less wasted) per
-second ÷ spare: what the batch harvests of the spare capacity, thrown-away tokens not counted.
+a continuation with the aborted request it continues, `ClassCounters.kept_at`; for a mode whose
+lines resume, continuations are waited for up to `RESUME_GRACE_S` after the window, since a line
+preempted in its last burst continues after it), as a share of the batch tokens generated in it.
+Useful share = the batch tokens kept (generated less wasted) per second ÷ spare: what the batch
+harvests of the spare capacity, thrown-away tokens not counted.
 
 Live TTFT is measured by the client (first content chunk) and by the simulator (arrival to first
 token, no proxy in it). Writes every run as JSON (`--out`) and prints a table of the medians over
@@ -86,7 +88,7 @@ from bench.spare_loads import (
 )
 from bench.spare_workload import TRACES, Arrival, Workload, chat_body
 from tools.sim import SimServer
-from tools.sim.gpu import GpuEngine, LatencyRecord, percentile
+from tools.sim.gpu import ClassCounters, GpuEngine, LatencyRecord, percentile
 
 __all__ = ["Mode", "ModeResult", "ModeSummary", "Workload", "main", "summarize"]
 
@@ -103,6 +105,10 @@ FIRST_ROUND: dict[str, Any] = {
 admission."""
 LIVE, LIVE_GW = "live only", "live only (gateway)"
 SLOWEST = 8
+RESUME_GRACE_S = 30.0
+"""After the window of a mode whose preempted lines resume, how long its aborted batch requests
+are given to be continued (a line preempted in the window's last burst waits for a seat and
+continues after it; its tokens are kept, not wasted)."""
 """Live requests kept per run for a post-mortem of the tail (`ModeResult.slowest_live`)."""
 
 
@@ -120,6 +126,12 @@ class Mode:
     via_gateway: bool = False
     keep_free: int | None = None
     """`ideal`: seats the ideal client keeps free."""
+
+    @property
+    def resumes(self) -> bool:
+        """A backfill mode whose preempted lines continue (`preempt.resume`, on by default)."""
+        preempt = (self.settings or {}).get("preempt")
+        return self.kind == "backfill" and isinstance(preempt, dict) and preempt.get("resume", True)
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
@@ -256,6 +268,17 @@ class ModeResult:
     def wasted_share(self) -> float | None:
         """Wasted batch tokens ÷ batch tokens generated in the window."""
         return self.wasted_tokens / self.batch_tokens if self.batch_tokens else None
+
+
+async def continued(batch: ClassCounters, until: float, within: float) -> None:
+    """Wait until every batch request aborted with tokens by `until` has been continued (or
+    `within` seconds pass: a line that restarted is never continued)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        aborted = sum(1 for t, n in batch.aborted_tokens_at if t <= until and n > 0)
+        if sum(1 for t, _ in batch.kept_at if t <= until) >= aborted:
+            return
+        await asyncio.sleep(0.2)
 
 
 def slowest(
@@ -419,13 +442,17 @@ class Bench:
             window["batch"] = engine.log.batch.generated_tokens
             window["batch_aborted"] = engine.log.batch.aborted
             window["batch_aborted_tokens"] = engine.log.batch.aborted_tokens
-            window["batch_kept_tokens"] = engine.log.batch.kept_tokens
-            window["seconds"] = time.monotonic() - engine.log.since
+            window["end"] = time.monotonic()
+            window["seconds"] = window["end"] - engine.log.since
 
         snap = asyncio.create_task(snapshot())
         try:
             outcomes = await replay(schedule, base_url, headers, self.live)
             await snap
+            if mode.resumes:
+                await continued(engine.log.batch, window["end"], RESUME_GRACE_S)
+            batch = engine.log.batch
+            window["batch_kept_tokens"] = sum(n for t, n in batch.kept_at if t <= window["end"])
         finally:
             snap.cancel()
             records = list(engine.log.records)

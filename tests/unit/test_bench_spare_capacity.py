@@ -18,6 +18,7 @@ from bench.spare_capacity import (
     Mode,
     ModeResult,
     compare,
+    continued,
     modes_from,
     reference_name,
     slowest,
@@ -26,7 +27,7 @@ from bench.spare_capacity import (
 from bench.spare_loads import IdealClient, IdealMove, InFlight, ideal_move, settings_for
 from bench.spare_workload import Workload, mean_rate_of
 from tools.sim import GpuConfig, SimConfig, SimServer
-from tools.sim.gpu import LatencyRecord
+from tools.sim.gpu import ClassCounters, LatencyRecord
 
 
 def test_bursty_schedule_is_seeded_and_alternates_quiet_and_busy_phases() -> None:
@@ -110,6 +111,8 @@ def test_mode_specs() -> None:
     restart = Mode.parse("preempt-restart")
     assert restart.settings == {**shipped, "preempt": {**shipped["preempt"], "resume": False}}
     assert restart.name != Mode.parse("preempt").name
+    assert Mode.parse("preempt").resumes and not restart.resumes
+    assert not Mode.parse("ideal:2").resumes and not Mode.parse("seat-aware").resumes
     for bad in ("cap", "naive:x", "ideal", "gates"):
         with pytest.raises(ValueError, match="unknown mode"):
             Mode.parse(bad)
@@ -238,6 +241,18 @@ def test_a_resumed_lines_tokens_are_kept_and_useful_share_counts_only_kept_token
     assert (a.useful_share_of_spare, b.useful_share_of_spare) == (0.475, 0.375)
     [_, sa, sb] = summarize(runs)
     assert (sa.useful_share_of_spare, sb.useful_share_of_spare) == (0.475, 0.375)
+
+
+async def test_the_windows_aborts_are_waited_for_until_continued() -> None:
+    batch = ClassCounters(aborted_tokens_at=[(1.0, 30), (2.0, 0), (5.0, 20)])
+    batch.kept_at = [(1.0, 30)]  # the abort with no token never is continued: not waited for
+    started = time.monotonic()
+    await continued(batch, until=3.0, within=30)  # the one at 5.0 is after the window
+    assert time.monotonic() - started < 1
+    batch.kept_at = []
+    started = time.monotonic()
+    await continued(batch, until=3.0, within=0.5)  # never continued: the limit ends the wait
+    assert time.monotonic() - started >= 0.5
 
 
 def test_medians_skip_runs_without_a_figure() -> None:

@@ -26,13 +26,15 @@ def test_blocks_are_named_by_their_whole_prefix() -> None:
     assert block_hashes([f"t{i}" for i in range(32)], 16) == a
 
 
-def test_cached_prefix_is_whole_blocks_never_the_last_token_and_lru_evicts() -> None:
+def test_cached_prefix_is_whole_blocks_never_the_last_tokens_and_lru_evicts() -> None:
     cache = PrefixCache(block_size=4, capacity_blocks=3)
     first = [f"a{i}" for i in range(8)]
     assert cache.cached_prefix(first) == 0  # cold: all prefilled, its 2 blocks now cached
-    assert cache.cached_prefix(first) == 7  # the whole prompt cached: its last token is computed
+    # The whole prompt cached: its last token must be computed, and vLLM recomputes from a
+    # block boundary, so its whole last block.
+    assert cache.cached_prefix(first) == 4
     assert cache.cached_prefix([*first, "b0", "b1"]) == 8
-    assert (cache.queries, cache.hits) == (26, 15)
+    assert (cache.queries, cache.hits) == (26, 12)
     cache.keep([f"c{i}" for i in range(8)])  # 2 more blocks: the least recently used goes
     assert len(cache) == 3
     assert cache.peek(first) == 0  # its first block was evicted: nothing after it counts
@@ -146,4 +148,11 @@ async def test_a_continuation_is_matched_with_the_aborted_request_it_continues()
     engine.submit(GpuSequence(140, 10, traffic="batch", key=PROMPT, continues=110))
     assert now.kept_tokens == 20  # its abort was before the reset: nothing counted to keep
     assert engine._aborted[PROMPT] == []
+    # A continuation aborted in turn holds what it continued: the next continuation of it keeps
+    # only its own tokens (20 continued, 5 made, 24 of the reply sent back: 4 kept).
+    second = GpuSequence(50, 108, traffic="batch", key=PROMPT, continues=20, generated=5)
+    second.counted_in, second.counted = now, 5
+    engine._aborted[PROMPT] = [second]
+    engine.submit(GpuSequence(54, 104, traffic="batch", key=PROMPT, continues=24))
+    assert now.kept_tokens == 24
     await engine.stop()

@@ -156,6 +156,11 @@ class ClassCounters:
     kept_tokens: int = 0
     """Of ``aborted_tokens``, those a later request sent back as the partial answer it
     continues (decision 0036): generated once, kept, not thrown away."""
+    aborted_tokens_at: list[tuple[float, int]] = field(default_factory=list)
+    """(when, tokens) of each aborted request whose tokens were counted here."""
+    kept_at: list[tuple[float, int]] = field(default_factory=list)
+    """(when the request it continues was aborted, tokens kept) of each continuation: a bench
+    credits a window's aborts with the continuations that come after it."""
     aborted_at: list[float] = field(default_factory=list)
     """When each aborted request's client left (monotonic: comparable across processes of one
     host), so a benchmark can time how fast a seat is taken back."""
@@ -296,6 +301,7 @@ class GpuEngine:
         counters.aborted += 1
         if seq.counted_in is counters:
             counters.aborted_tokens += seq.counted
+            counters.aborted_tokens_at.append((seq.aborted_at, seq.counted))
         counters.aborted_at.append(seq.aborted_at)
         if seq in self._running:
             self._running.remove(seq)
@@ -311,20 +317,26 @@ class GpuEngine:
     def _keep_continued(self, seq: GpuSequence) -> None:
         """``seq`` continues an aborted reply: the tokens of it that were counted (in this
         log) and are sent back are kept, not thrown away. Requests with the same prompt are
-        told apart only by what they generated: the aborted one that generated the fewest tokens
-        at least as many as the partial answer (the client read all but those in flight when it
-        closed), the latest of those, is taken."""
+        told apart only by how far their replies got (an aborted continuation's reply holds
+        what it continued too): the one that got the least far, at least as far as the partial
+        answer (the client read all but the tokens in flight when it closed), the latest of
+        those, is taken. Of its own tokens, those in the partial answer are kept."""
         counters = self.log.counters(seq.traffic)
         candidates = self._aborted.get(seq.key or "", [])
+
+        def beyond(old: GpuSequence) -> int:
+            return old.continues + old.generated - seq.continues
+
         best: int | None = None
         for i, old in enumerate(candidates):
-            extra = old.generated - seq.continues
-            if extra >= 0 and (best is None or extra <= candidates[best].generated - seq.continues):
+            if beyond(old) >= 0 and (best is None or beyond(old) <= beyond(candidates[best])):
                 best = i
         if best is not None:
             old = candidates.pop(best)
             if old.counted_in is counters:
-                counters.kept_tokens += min(seq.continues, old.counted)
+                kept = min(max(0, seq.continues - old.continues), old.counted)
+                counters.kept_tokens += kept
+                counters.kept_at.append((old.aborted_at or 0.0, kept))
 
     def _cache_ended(self, seq: GpuSequence) -> None:
         if self.prefix_cache is not None and seq.text:

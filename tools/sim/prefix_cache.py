@@ -3,7 +3,9 @@
 vLLM keeps the KV cache in blocks of ``block_size`` tokens and names each full block by a hash
 of its tokens chained to the block before it, so a block stands for the whole prefix up to its
 end. A request's prompt reuses the blocks of its longest cached prefix and prefills only the
-rest (at least its last token: the step that computes it makes the first new token). The blocks
+rest: at least its last block, since the step that computes its last token makes the first new
+token and vLLM keeps the computed part block-aligned (a prompt cached whole recomputes its last
+block). The blocks
 of a request that ended (finished or aborted: a closed stream) stay cached until evicted, least
 recently used first, so a preempted request sent again with its partial answer appended (its
 continuation, decision 0036) finds its prompt and every full block of what it had generated.
@@ -54,7 +56,7 @@ class PrefixCache:
         return len(self._blocks)
 
     def cached_prefix(self, prompt: Sequence[str]) -> int:
-        """Tokens of ``prompt`` whose KV is cached (whole leading blocks, at most all but the
+        """Tokens of ``prompt`` whose KV is cached (whole leading blocks, never the block of its
         last token); counts the lookup and marks the blocks used, then caches the prompt's own
         full blocks (the request computes them now)."""
         hashes = block_hashes(prompt, self.block_size)
@@ -64,7 +66,7 @@ class PrefixCache:
                 break
             self._blocks.move_to_end(h)
             hit += 1
-        cached = min(hit * self.block_size, max(0, len(prompt) - 1))
+        cached = self._usable(hit, prompt)
         self.queries += len(prompt)
         self.hits += cached
         self._insert(hashes)
@@ -77,7 +79,12 @@ class PrefixCache:
             if h not in self._blocks:
                 break
             hit += 1
-        return min(hit * self.block_size, max(0, len(prompt) - 1))
+        return self._usable(hit, prompt)
+
+    def _usable(self, hit: int, prompt: Sequence[str]) -> int:
+        """Tokens of `hit` leading cached blocks a prompt may skip: whole blocks, never its last
+        token (vLLM's `max_cache_hit_length`, `num_tokens - 1`, then block-aligned)."""
+        return min(hit, max(0, len(prompt) - 1) // self.block_size) * self.block_size
 
     def keep(self, tokens: Sequence[str]) -> None:
         """A request ended: the full blocks of its prompt and what it generated stay cached."""
