@@ -23,7 +23,7 @@ from tests.vllm.upstreams import Upstream, VllmProcess, running_sim, vllm_model,
 VENV = vllm_venv()
 UPSTREAMS = ["sim", "vllm"] if VENV is not None else ["sim"]
 
-collect_ignore = [] if VENV is not None else ["test_gateway.py"]
+collect_ignore = [] if VENV is not None else ["test_gateway.py", "test_resume.py"]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -113,3 +113,10 @@ async def priority_upstream(
 ) -> AsyncIterator[Upstream]:
     async for up in _upstream(upstream_name, "priority", vllm_pool):
         yield up
+
+
+@pytest_asyncio.fixture
+async def vllm(vllm_pool: VllmPool | None) -> Upstream:
+    """The shared vLLM (fcfs), idle: the gateway-against-vLLM tests' upstream."""
+    assert vllm_pool is not None
+    return await idle_vllm(vllm_pool, "fcfs")

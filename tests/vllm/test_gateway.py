@@ -6,42 +6,24 @@ ending a batch line inside vLLM, not only at the gateway. Collected only by `mak
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import io
 import json
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest_asyncio
 
-from tests.e2e.stack import auth, wait_terminal
-from tests.e2e.test_live_gates import ADMIN, put_settings
+from tests.e2e.stack import wait_terminal
 from tests.polling import poll_until
-from tests.vllm.conftest import VllmPool, idle_vllm
-from tests.vllm.upstreams import LONG_TOKENS, SEATS, Upstream, VllmStack, long_body
-
-MODEL = "demo"
-"""The stack's model id; vLLM serves the tiny model under it too (`--served-model-name`)."""
-
-
-@pytest_asyncio.fixture
-async def vllm(vllm_pool: VllmPool | None) -> Upstream:
-    assert vllm_pool is not None
-    return await idle_vllm(vllm_pool, "fcfs")
-
-
-@contextlib.asynccontextmanager
-async def vllm_stack(
-    tmp_path: Path, dev_server: Any, vllm: Upstream, **options: Any
-) -> AsyncIterator[VllmStack]:
-    stack = VllmStack(tmp_path, dev_server.address, vllm_url=vllm.url, **options)
-    async with stack.running():
-        yield stack
-
+from tests.vllm.preempting import (
+    MODEL,
+    live_stream,
+    put_settings,
+    tokens_for,
+    vllm_stack,
+    wait_preempted,
+)
+from tests.vllm.upstreams import SEATS, Upstream
 
 LINES = {
     "/v1/chat/completions": lambda i: {
@@ -136,44 +118,9 @@ async def test_live_proxy_against_vllm_with_the_sdk(
         assert final.usage.output_tokens == 8
 
 
-async def scheduling_or_busy(stack: VllmStack, http: httpx.AsyncClient) -> dict[str, Any] | None:
-    """The route's scheduling status, or None while the endpoint answers its documented 503
-    `temporal_unavailable` (the scheduler's query unanswered in time: "Workflow is busy" on a
-    loaded machine, seen in a clean-clone run); any other answer fails as `scheduling` does."""
-    url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
-    resp = await http.get(url, headers=auth(ADMIN))
-    if resp.status_code == 503 and resp.json()["error"]["code"] == "temporal_unavailable":
-        return None
-    assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
-
-
 LINE_SECONDS = 25.0
 """How long a batch line of the preemption test lasts, alone on vLLM (longer beside others): the
 steps up to the preemption take about 5 s on a loaded 2-core machine."""
-
-
-async def tokens_for(vllm: Upstream, http: httpx.AsyncClient, seconds: float) -> int:
-    """How many tokens vLLM makes in about `seconds` for one sequence, measured now (the faster of
-    two samples, so a moment's load elsewhere does not make the lines short): the same count lasts
-    a second on an idle fast CPU and a minute on a loaded slow one."""
-    sample = 128
-    took = []
-    for _ in range(2):
-        started = time.monotonic()
-        r = await http.post(
-            f"{vllm.base_url}/chat/completions",
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "pace"}],
-                "max_tokens": sample,
-                "ignore_eos": True,
-            },
-        )
-        took.append(time.monotonic() - started)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == sample, r.json()["usage"]
-    return min(LONG_TOKENS, max(sample, round(sample * seconds / min(took))))
 
 
 async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm: Upstream) -> None:
@@ -222,40 +169,19 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
             interval=0.2,
         )
 
-        async def live_traffic() -> None:
-            """One long live stream in flight at a time, until cancelled."""
-            while True:
-                stream = await client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "live"}],
-                    stream=True,
-                    extra_body=long_body(),  # ended by the test (its client leaves)
-                )
-                async for _ in stream:
-                    pass
-
-        live = asyncio.ensure_future(live_traffic())
         try:
-            await poll_until(
-                lambda: scheduling_or_busy(stack, http),
-                lambda d: d is not None and d["status"]["preempted_lines"] > 0,
-                timeout=60,
-                what="a batch line preempted for the live stream",
-                interval=0.2,
-            )
-            # The live stream and the one line left: the preempted line's generation ended in
-            # vLLM (it kept running there if only the gateway had let go of it).
-            await poll_until(
-                lambda: vllm.load(http),
-                lambda load: load[0] <= 2,
-                timeout=30,
-                what="vLLM running at most the live stream and one batch line",
-                interval=0.2,
-            )
+            async with live_stream(client):
+                await wait_preempted(stack, http, at_least=1)
+                # The live stream and the one line left: the preempted line's generation ended
+                # in vLLM (it kept running there if only the gateway had let go of it).
+                await poll_until(
+                    lambda: vllm.load(http),
+                    lambda load: load[0] <= 2,
+                    timeout=30,
+                    what="vLLM running at most the live stream and one batch line",
+                    interval=0.2,
+                )
         finally:
-            live.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await live
             await client.batches.cancel(batch.id)
         await wait_terminal(client, batch.id, within=300)
         await poll_until(
