@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from backfill.batches import Batch, BatchError, SubmitEstimate, TokenCounts
 from backfill.gates.backoff import RateLimited as RateLimited  # the gate's signal
@@ -133,6 +140,23 @@ class SchedulerInput(BaseModel):
             for key in _OLD_GATE_FIELDS:
                 if key in data:
                     gates.setdefault(key, data.pop(key))
+            data["gates"] = gates
+        return data
+
+    @model_serializer(mode="wrap")
+    def _gate_states_where_old_runs_read_them(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
+        """The built-in gates' states are written in their old fields, where a worker from
+        before the registry reads them: during a rolling upgrade either version continues the
+        other's runs with the same state (and replays them alike). Other gates' stay in
+        `gates` (absent when there are none)."""
+        data: dict[str, Any] = handler(self)
+        gates = dict(data.pop("gates", None) or {})
+        for key in _OLD_GATE_FIELDS:
+            if key in gates:
+                data[key] = gates.pop(key)
+        if gates:
             data["gates"] = gates
         return data
 

@@ -4,11 +4,13 @@ that the settings document and the console derive from."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.server_load import ServerLoadActivities
 from backfill.gates import GATES, SETTINGS_GATES, Gate, GateContext, registry, route_gate
@@ -185,6 +187,24 @@ def test_a_scheduler_input_from_before_the_registry_keeps_its_gate_states() -> N
     assert ctx.state_of(backoff_gate.STATE) == Backoff(until=NOW + 5, level=2, last_at=NOW)
     assert ctx.state_of(live_gate.STATE)["api-1"].in_flight == 3
     assert registry.route_gate(s.settings, ctx).reason == WaitReason.BACKOFF
+
+
+def test_the_built_in_gates_states_are_written_where_older_workers_read_them() -> None:
+    """A continue-as-new input (as Temporal's pydantic converter writes it) keeps the built-in
+    gates' states in their own fields, so a worker from before the registry reads the same
+    state; another gate's state is under `gates`."""
+    s = SchedulerInput(route_id="r")
+    s.gates["backoff"] = back_off(Backoff(), NOW, None)
+    s.gates["live"] = {"api-1": LiveCount(in_flight=2, at=NOW)}
+    s.gates["test_hold"] = {"on": True}
+    [payload] = pydantic_data_converter.payload_converter.to_payloads([s])
+    doc = json.loads(payload.data)
+    assert doc["backoff"]["until"] == NOW + 1 and doc["live"]["api-1"]["in_flight"] == 2
+    assert doc["gates"] == {"test_hold": {"on": True}}
+    assert "gates" not in SchedulerInput(route_id="r").model_dump()
+    [back] = pydantic_data_converter.payload_converter.from_payloads([payload], [SchedulerInput])
+    assert set(back.gates) == {"backoff", "live", "test_hold"}
+    assert backoff_gate.STATE.read(back.gates) == s.gates["backoff"]
 
 
 def test_backoff_doubles_to_a_minute_honours_retry_after_and_resets_after_a_quiet_spell() -> None:
