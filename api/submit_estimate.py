@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter as Tally
@@ -40,6 +41,8 @@ LIKELY_TO_MISS = Counter(
 )
 STATUS_TIMEOUT_SECONDS = 3.0
 """How long a create waits for a route scheduler's answer before giving no estimate."""
+REFRESH_SECONDS = 60.0
+"""How long a reading of the journal serves the creates that follow (within the same hour)."""
 FIRST_LINE_BYTES = 1 << 20
 """The most read of the input to find its first line's model."""
 
@@ -61,32 +64,51 @@ class ServedHistory:
         self.dir = Path(data_dir) / USAGE_DIR
         self.files: dict[str, _HourFile] = {}
         self.lock = threading.Lock()
+        self.last: tuple[float, tuple[int, int], dict[str, dict[int, int]]] | None = None
+        """When `served` last looked at the files, the directory's mtime and file count then,
+        and what it found."""
 
     def served(self, now: float) -> dict[str, dict[int, int]]:
-        """Route → (start of hour → lines served), the hours that ended within the history."""
+        """Route → (start of hour → lines served), the hours that ended within the history.
+        Looked up again at most every `REFRESH_SECONDS` within an hour (a burst of creates stats
+        the journal's files once), and at once when a new hour began or a file was added."""
+        try:  # a file added or pruned changes both (the count, whatever the clock's grain)
+            stamp = (self.dir.stat().st_mtime_ns, len(os.listdir(self.dir)))
+        except FileNotFoundError:
+            stamp = (0, 0)
+        with self.lock:
+            if self.last is not None:
+                at, was, found = self.last
+                same_hour = int(at) // HOUR == int(now) // HOUR
+                if 0 <= now - at < REFRESH_SECONDS and same_hour and was == stamp:
+                    return found
+            found = self._read_all(now)
+            self.last = (now, stamp, found)
+            return found
+
+    def _read_all(self, now: float) -> dict[str, dict[int, int]]:
         current = int(now) // HOUR * HOUR
         start = current - HISTORY_WEEKS * WEEK_HOURS * HOUR
         out: dict[str, dict[int, int]] = {}
-        with self.lock:
-            seen: set[str] = set()
-            for path in sorted(self.dir.glob("*.jsonl")) if self.dir.is_dir() else []:
-                hour = _hour_of(path.name)
-                if hour is None or not start <= hour < current:
-                    continue
-                seen.add(path.name)
-                try:
-                    st = path.stat()
-                except FileNotFoundError:  # pruned meanwhile
-                    continue
-                stamp = (st.st_mtime_ns, st.st_size)
-                kept = self.files.get(path.name)
-                if kept is None or kept.stamp != stamp:
-                    kept = self.files[path.name] = _HourFile(stamp, _read(path))
-                for route, lines in kept.served.items():
-                    by_hour = out.setdefault(route, {})
-                    by_hour[hour] = by_hour.get(hour, 0) + lines
-            for name in set(self.files) - seen:
-                del self.files[name]
+        seen: set[str] = set()
+        for path in sorted(self.dir.glob("*.jsonl")) if self.dir.is_dir() else []:
+            hour = _hour_of(path.name)
+            if hour is None or not start <= hour < current:
+                continue
+            seen.add(path.name)
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # pruned meanwhile
+                continue
+            stamp = (st.st_mtime_ns, st.st_size)
+            kept = self.files.get(path.name)
+            if kept is None or kept.stamp != stamp:
+                kept = self.files[path.name] = _HourFile(stamp, _read(path))
+            for route, lines in kept.served.items():
+                by_hour = out.setdefault(route, {})
+                by_hour[hour] = by_hour.get(hour, 0) + lines
+        for name in set(self.files) - seen:
+            del self.files[name]
         return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from api.submit_estimate import ServedHistory, first_model
+from api.submit_estimate import REFRESH_SECONDS, ServedHistory, first_model
 from backfill.store import FileStore
 from backfill.submit_estimate import (
     HOUR,
@@ -136,11 +136,16 @@ def test_served_history_counts_batch_lines_answered_200_per_route_and_hour(
     (usage / f"{hour_name(now // HOUR * HOUR)}.a.jsonl").write_bytes(_entry(now, "r1"))
     history = ServedHistory(tmp_path)
     assert history.served(now) == {"r1": {h1: 1, h2: 2}, "r2": {h2: 1}}
-    # A file that grew is read again; one pruned is forgotten.
+    # A file that grew is read again at the next look, a minute on.
     with (usage / f"{hour_name(h2)}.a.jsonl").open("ab") as f:
         f.write(_entry(h2 + 9, "r2"))
+    assert history.served(now + 30) == {"r1": {h1: 1, h2: 2}, "r2": {h2: 1}}
+    assert history.served(now + REFRESH_SECONDS) == {"r1": {h1: 1, h2: 2}, "r2": {h2: 2}}
+    # A file pruned or added (another process's first entry of an hour) shows at once.
     (usage / f"{hour_name(h1)}.a.jsonl").unlink()
-    assert history.served(now) == {"r1": {h2: 2}, "r2": {h2: 2}}
+    assert history.served(now + REFRESH_SECONDS + 1) == {"r1": {h2: 2}, "r2": {h2: 2}}
+    (usage / f"{hour_name(h1)}.c.jsonl").write_bytes(_entry(h1 + 1, "r3"))
+    assert history.served(now + REFRESH_SECONDS + 2)["r3"] == {h1: 1}
 
 
 def test_first_model_reads_only_the_first_request_line(tmp_path: Path) -> None:
