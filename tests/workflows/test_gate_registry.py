@@ -24,7 +24,7 @@ from backfill.gates import (
     Reader,
     registered,
 )
-from backfill.messages import Demand, RouteSettings
+from backfill.messages import Demand, LoadVerdict, RouteSettings, WatchLoadInput
 from backfill.reasons import WaitReason
 from tests.polling import poll_until
 from tests.workflows.events import require, signaled
@@ -77,6 +77,7 @@ async def test_a_gate_defined_in_a_test_runs_in_the_scheduler(temporal_client: C
         """Signals the hold once, then reads on until cancelled (as a real reader would)."""
         started.append(watch.route_id)
         info = activity.info()
+        assert info.workflow_id is not None
         handle = temporal_client.get_workflow_handle(info.workflow_id)
         await handle.signal("test_hold", Hold(on=True, by="its reader"))
         try:
@@ -140,3 +141,43 @@ async def test_a_gate_with_settings_must_be_a_line_of_the_registry() -> None:
     with registered(hold_gate("r")), pytest.raises(ValueError, match="registered already"):
         with registered(hold_gate("r")):
             pass
+
+
+async def test_the_server_load_gate_runs_its_reader_and_takes_its_verdicts(
+    temporal_client: Client,
+) -> None:
+    """The built-in server-load gate through the same registry: its reader activity starts with
+    the route id and the setting, and its `server_load` signal closes and opens the route."""
+    inputs: list[WatchLoadInput] = []
+
+    @activity.defn(name="watch_server_load")
+    async def watch_server_load(watch: WatchLoadInput) -> None:
+        inputs.append(watch)
+        workflow_id = activity.info().workflow_id
+        assert workflow_id is not None
+        handle = temporal_client.get_workflow_handle(workflow_id)
+        await handle.signal(
+            "server_load",
+            LoadVerdict(state="busy", detail="waiting requests 5 > 0"),
+        )
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(0.5)
+
+    url = "http://127.0.0.1:9/metrics"
+    settings = RouteSettings(
+        max_concurrent_lines=3, server_load={"metrics_url": url, "max_waiting": 0}
+    )
+    async with seat_route(temporal_client, "load", settings, [watch_server_load]) as r:
+        busy = await poll_until(
+            lambda: r.scheduler.query(RouteSchedulerWorkflow.status, time.time()),
+            lambda s: s.reason == WaitReason.BUSY,
+            timeout=30,
+            what="busy by the watcher's verdict",
+        )
+        assert busy.reason_detail == "waiting requests 5 > 0"
+        [watch] = inputs
+        assert watch.route_id == r.scheduler.id.removeprefix("route-scheduler:")
+        assert watch.settings.metrics_url == url
+        await r.scheduler.signal("server_load", LoadVerdict(state="open"))
+        await poll_until(r.allotments, lambda a: a[-1:] == [3], timeout=30, what="all 3")

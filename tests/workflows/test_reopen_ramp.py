@@ -11,7 +11,6 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from backfill import refs
 from backfill.messages import LiveReport, RouteSettings
 from backfill.reasons import WaitReason
 from tests.polling import poll_until
@@ -40,14 +39,10 @@ async def test_a_reopened_route_ramps_its_allotments_up(temporal_client: Client)
         async def held() -> int:
             return (await scheduler.query(RouteSchedulerWorkflow.status, time.time())).held
 
-        await scheduler.signal(
-            refs.RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=1)
-        )
+        await scheduler.signal("report_live", LiveReport(process="api-1", in_flight=1))
         await poll_until(allotments, lambda a: a[-1:] == [0], timeout=30, what="the route closed")
         await poll_until(held, lambda n: n == 0, timeout=30, what="the running lines ended")
-        await scheduler.signal(
-            refs.RouteSchedulerWorkflow.report_live, LiveReport(process="api-1", in_flight=0)
-        )
+        await scheduler.signal("report_live", LiveReport(process="api-1", in_flight=0))
         await poll_until(allotments, lambda a: a[-1:] == [1], timeout=30, what="one line first")
         status = await scheduler.query(RouteSchedulerWorkflow.status, time.time())
         assert (status.ramping_to, status.reason) == (8, WaitReason.RAMP)

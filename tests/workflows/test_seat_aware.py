@@ -10,7 +10,6 @@ import time
 import pytest
 from temporalio.client import Client
 
-from backfill import refs
 from backfill.messages import LiveReport, RouteSettings, SchedulerStatus
 from backfill.reasons import WaitReason
 from tests.polling import poll_until
@@ -32,7 +31,7 @@ async def test_the_allotment_follows_the_live_reports(temporal_client: Client) -
         async def follows(live: int | None, expected: int) -> SchedulerStatus:
             if live is not None:
                 report = LiveReport(process="api-1", in_flight=live)
-                await scheduler.signal(refs.RouteSchedulerWorkflow.report_live, report)
+                await scheduler.signal("report_live", report)
             await poll_until(
                 last_allotment, lambda n: n == expected, timeout=30, what=f"{expected}"
             )
