@@ -23,8 +23,7 @@ from backfill.search_attributes import ALL
 from tests.polling import poll_until
 from tools.dev.devserver import DevServer, temporal_cli_path
 from tools.dev.procs import Child, backfill_argv, free_port
-from tools.sim import SimConfig
-from tools.sim.server import SimServer
+from tools.sim import SimConfig, SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-test-doctor"

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tools.sim import SimConfig
-from tools.sim.server import SimServer
+from tools.sim import SimConfig, SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

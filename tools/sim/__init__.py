@@ -6,17 +6,9 @@ fault injection (`tools.sim.faults`). Tooling, not part of the gateway's core.
 
 from tools.sim.faults import FaultAction, FaultInjector, SimFault
 from tools.sim.gpu import GpuConfig, GpuEngine, LatencyRecord
-from tools.sim.server import (
-    BATCH_HEADER,
-    Scheduler,
-    SeenRequest,
-    SimApp,
-    SimConfig,
-    SimServer,
-    SimStats,
-    create_app,
-    main,
-)
+from tools.sim.run import SimServer, main
+from tools.sim.server import BATCH_HEADER, SimApp, SimConfig, create_app
+from tools.sim.stats import Scheduler, SeenRequest, SimStats
 
 __all__ = [
     "BATCH_HEADER",

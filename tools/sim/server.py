@@ -15,29 +15,31 @@ requests, batch lines carrying ``X-Backfill-Batch``).
 
 from __future__ import annotations
 
-import argparse
 import array
 import asyncio
 import base64
 import contextlib
-import heapq
-import itertools
 import random
-import signal
-import socket
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
 
-import uvicorn
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from backfill.endpoints import REGISTRY, EndpointSpec
 from tools.sim import responses
+from tools.sim.asgi import (
+    Header,
+    error_body,
+    read_body,
+    send_body,
+    send_json,
+    until_disconnect,
+    wait_disconnect,
+)
 from tools.sim.faults import FaultAction, FaultInjector, SimFault
 from tools.sim.gpu import (
     FINISHED,
@@ -59,24 +61,21 @@ from tools.sim.requests import (
     reply_pieces,
     reply_words,
 )
+from tools.sim.stats import Scheduler, SeenRequest, SimStats
+
+__all__ = [
+    "BATCH_HEADER",
+    "Scheduler",
+    "SeenRequest",
+    "SimApp",
+    "SimConfig",
+    "SimStats",
+    "create_app",
+]
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
 _ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
-Header = tuple[bytes, bytes]
-_ERROR_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    408: "TimeoutError",
-    422: "UnprocessableEntityError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
-    504: "GatewayTimeoutError",
-}
 _METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -132,205 +131,11 @@ class SimConfig(BaseModel):
         return self.model_names[0] if self.model_names else "demo"
 
 
-class Scheduler:
-    """At most ``max_num_seqs`` running; the rest wait in a heap of (priority, arrival)."""
-
-    def __init__(self, max_num_seqs: int, use_priority: bool) -> None:
-        self.max_num_seqs, self.use_priority = max_num_seqs, use_priority
-        self.running = self.waiting = self.peak_running = self.peak_waiting = 0
-        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-
-    def try_acquire(self) -> bool:
-        if self.running >= self.max_num_seqs or self.waiting:
-            return False
-        self.running += 1
-        self.peak_running = max(self.peak_running, self.running)
-        return True
-
-    async def acquire(self, priority: int = 0) -> None:
-        if self.try_acquire():
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._heap, (priority if self.use_priority else 0, next(self._seq), fut))
-        self.waiting += 1
-        self.peak_waiting = max(self.peak_waiting, self.waiting)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.cancelled():  # still queued: its heap entry is skipped lazily
-                self.waiting -= 1
-            else:  # granted a slot in the same tick as the cancellation
-                self.release()
-            raise
-
-    def release(self) -> None:
-        self.running -= 1
-        while self._heap and self.running < self.max_num_seqs:
-            fut = heapq.heappop(self._heap)[2]
-            if fut.done():
-                continue
-            self.waiting -= 1
-            self.running += 1
-            self.peak_running = max(self.peak_running, self.running)
-            fut.set_result(None)
-
-
-@dataclass(slots=True)
-class _Traffic:
-    requests_total: int = 0
-    concurrent: int = 0
-    peak_concurrent: int = 0
-    prompt_tokens: int = 0
-    """Tokens of the answers completed (usage sent or, for a stream, its last event sent)."""
-    completion_tokens: int = 0
-
-    def begin(self) -> None:
-        self.requests_total += 1
-        self.concurrent += 1
-        self.peak_concurrent = max(self.peak_concurrent, self.concurrent)
-
-    def reset(self) -> None:
-        self.requests_total, self.peak_concurrent = 0, self.concurrent
-        self.prompt_tokens = self.completion_tokens = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests_total": self.requests_total,
-            "concurrent": self.concurrent,
-            "peak_concurrent": self.peak_concurrent,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class SeenRequest:
-    """What the simulator saw of one inference request (test hook: `SimApp.seen`)."""
-
-    path: str
-    request_id: str | None
-    batch: str | None
-    authorization: str | None
-    has_priority: bool
-    """Whether the body carried a `priority` field at all."""
-    at: float = 0.0
-    """Arrival, `time.monotonic()` seconds."""
-    priority: object = None
-    """The body's `priority` value, if any."""
-
-
-@dataclass
-class SimStats:
-    """HTTP-level traffic of the inference endpoints (arrival until the response is sent)."""
-
-    all: _Traffic = field(default_factory=_Traffic)
-    batch: _Traffic = field(default_factory=_Traffic)
-    live: _Traffic = field(default_factory=_Traffic)
-    by_status: Counter[int] = field(default_factory=Counter)
-    by_batch: Counter[str] = field(default_factory=Counter)
-    priorities: Counter[int] = field(default_factory=Counter)
-    # monotonic, for /metrics (never reset)
-    success_by_reason: Counter[str] = field(default_factory=Counter)
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-
-    def begin(self, batch: bytes | None) -> None:
-        self.all.begin()
-        if batch is None:
-            self.live.begin()
-        else:
-            self.batch.begin()
-            self.by_batch[batch.decode("latin-1")] += 1
-
-    def end(self, batch: bytes | None, status: int) -> None:
-        self.all.concurrent -= 1
-        (self.live if batch is None else self.batch).concurrent -= 1
-        self.by_status[status] += 1
-
-    def served(self, req: SimRequest, usage: dict[str, int]) -> None:
-        """Count a completed answer's tokens under its traffic class."""
-        traffic = self.batch if req.batch else self.live
-        traffic.prompt_tokens += usage.get("prompt_tokens", 0)
-        traffic.completion_tokens += usage.get("completion_tokens", 0)
-
-    def reset(self, sched: Scheduler | GpuEngine) -> None:
-        for t in (self.all, self.batch, self.live):
-            t.reset()
-        self.by_status.clear()
-        self.by_batch.clear()
-        self.priorities.clear()
-        sched.peak_running, sched.peak_waiting = sched.running, sched.waiting
-
-
 def _embedding(text: str, dim: int, seed: int) -> list[float]:
     rnd = random.Random(f"{seed}:{text}")
     vec = [rnd.uniform(-1.0, 1.0) for _ in range(dim)]
     norm = sum(v * v for v in vec) ** 0.5 or 1.0
     return [v / norm for v in vec]
-
-
-def _error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": message,
-            "type": _ERROR_TYPES.get(status, "APIError"),
-            "param": param,
-            "code": status,
-        }
-    }
-
-
-async def _send_body(
-    send: Send, status: int, body: bytes, ctype: bytes, headers: Sequence[Header] = ()
-) -> int:
-    hdrs = [(b"content-type", ctype), (b"content-length", b"%d" % len(body)), *headers]
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": body})
-    return status
-
-
-async def _send_json(send: Send, status: int, obj: Any, headers: Sequence[Header] = ()) -> int:
-    body = dumps(obj)
-    return await _send_body(send, status, body, b"application/json", headers)
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b""
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _until_disconnect(
-    work_coro: Awaitable[None], receive: Receive, on_orphan: Callable[[], None] | None = None
-) -> bool:
-    """Run ``work_coro`` unless the client goes away first (like vLLM aborting the request)."""
-    work = asyncio.ensure_future(work_coro)
-    watch = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        done, _ = await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        watch.cancel()
-        if work.done() and not work.cancelled() and work.exception() is None and on_orphan:
-            on_orphan()
-        work.cancel()
-        raise
-    watch.cancel()
-    if work in done:
-        work.result()
-        return True
-    work.cancel()
-    return False
 
 
 class SimApp:
@@ -351,14 +156,14 @@ class SimApp:
         self._created = int(time.time())
         self._kv_per_request = config.kv_usage_per_request or 1.0 / config.max_num_seqs
         self._routes: dict[tuple[str, str], Callable[[Receive, Send], Awaitable[int]]] = {
-            ("GET", "/health"): lambda r, s: _send_json(s, 200, {}),
+            ("GET", "/health"): lambda r, s: send_json(s, 200, {}),
             ("GET", "/v1/models"): self._models_list,
             ("GET", "/metrics"): self._metrics,
-            ("GET", "/sim/stats"): lambda r, s: _send_json(s, 200, self.stats_dict()),
+            ("GET", "/sim/stats"): lambda r, s: send_json(s, 200, self.stats_dict()),
             ("POST", "/sim/stats/reset"): self._reset_stats,
             ("GET", "/sim/latencies"): self._latencies,
             ("POST", "/sim/latencies/reset"): self._reset_latencies,
-            ("GET", "/sim/faults"): lambda r, s: _send_json(s, 200, self._faults_dict()),
+            ("GET", "/sim/faults"): lambda r, s: send_json(s, 200, self._faults_dict()),
             ("POST", "/sim/faults"): self._add_faults,
             ("DELETE", "/sim/faults"): self._clear_faults,
         }
@@ -372,7 +177,7 @@ class SimApp:
                 await route(receive, send)
             else:
                 known = path in REGISTRY or any(p == path for _, p in self._routes)
-                await _send_json(send, 405 if known else 404, {"detail": "Not Found"})
+                await send_json(send, 405 if known else 404, {"detail": "Not Found"})
         elif scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -423,19 +228,19 @@ class SimApp:
         path = spec.path
         hdrs = [(b"x-request-id", rid.encode("latin-1"))]
         try:
-            req = parse_request(spec, await _read_body(receive))
+            req = parse_request(spec, await read_body(receive))
         except BadRequest as e:
-            return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
+            return await send_json(send, 400, error_body(400, str(e)), hdrs)
         self._see(path, headers, req)
         req.batch = _BATCH_KEY in headers
         key = self.config.api_key
         if key is not None and headers.get(b"authorization") != b"Bearer " + key.encode():
-            return await _send_json(send, 401, _error_body(401, "Invalid API key"), hdrs)
+            return await send_json(send, 401, error_body(401, "Invalid API key"), hdrs)
         if self._models and req.model not in self._models:
             msg = f"The model `{req.model}` does not exist."
-            return await _send_json(send, 404, _error_body(404, msg, "model"), hdrs)
+            return await send_json(send, 404, error_body(404, msg, "model"), hdrs)
         if (too_long := self._too_long(req)) is not None:
-            return await _send_json(send, 400, too_long, hdrs)
+            return await send_json(send, 400, too_long, hdrs)
         self.stats.priorities[req.priority] += 1
         action = self.faults.pick(path, headers)
         if action is not None and (action.drop or action.status is not None):
@@ -449,10 +254,10 @@ class SimApp:
         sched = self.scheduler
         if fault_delay > 0 or self.processing_delay_s(sched.running + 1) > 0:
             admit = self._admit(req.priority, fault_delay)
-            if not await _until_disconnect(admit, receive, on_orphan=sched.release):
+            if not await until_disconnect(admit, receive, on_orphan=sched.release):
                 return _ABORTED
         elif not sched.try_acquire():
-            if not await _until_disconnect(sched.acquire(req.priority), receive, sched.release):
+            if not await until_disconnect(sched.acquire(req.priority), receive, sched.release):
                 return _ABORTED
         try:
             return await self._respond(req, hdrs, receive, send)
@@ -469,7 +274,7 @@ class SimApp:
                 f"max_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
                 "Please request fewer output tokens."
             )
-            return _error_body(400, msg, "max_tokens")
+            return error_body(400, msg, "max_tokens")
         prompt = sum(len(split_words(t)) for t in req.texts)
         if prompt >= limit:
             msg = (
@@ -477,7 +282,7 @@ class SimApp:
                 f"contains at least {prompt} input tokens, which exceeds this limit even without "
                 "any output tokens. Please reduce the length of the input prompt."
             )
-            return _error_body(400, msg, "input_tokens")
+            return error_body(400, msg, "input_tokens")
         return None
 
     def _see(self, path: str, headers: dict[bytes, bytes], req: SimRequest) -> None:
@@ -502,7 +307,7 @@ class SimApp:
     ) -> int:
         """An injected failure: optional delay (no running slot used), then drop or error."""
         if action.delay_s > 0:
-            if not await _until_disconnect(asyncio.sleep(action.delay_s), receive):
+            if not await until_disconnect(asyncio.sleep(action.delay_s), receive):
                 return _ABORTED
         if action.drop:
             await self._drop(receive, send)
@@ -510,8 +315,8 @@ class SimApp:
         status = action.status or 500
         if action.retry_after is not None:
             hdrs.append((b"retry-after", b"%g" % action.retry_after))
-        body = _error_body(status, action.message or "Simulated fault")
-        return await _send_json(send, status, body, hdrs)
+        body = error_body(status, action.message or "Simulated fault")
+        return await send_json(send, status, body, hdrs)
 
     async def _admit(self, priority: int, fault_delay: float) -> None:
         """Extra (fault) delay, then a running slot, then the service time; returns holding it."""
@@ -533,7 +338,7 @@ class SimApp:
             raise ConnectionAbortedError("simulated connection drop")
         transport.close()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_wait_disconnect(receive), 2.0)
+            await asyncio.wait_for(wait_disconnect(receive), 2.0)
 
     async def _respond(
         self, req: SimRequest, hdrs: list[Header], receive: Receive, send: Send
@@ -544,7 +349,7 @@ class SimApp:
         if req.kind == EMBEDDINGS:
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": prompt_tokens})
-            return await _send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
+            return await send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
         if req.kind == RESPONSE:
             return await self._respond_response(req, prompt_tokens, hdrs, receive, send)
         chat = req.kind == CHAT
@@ -577,7 +382,7 @@ class SimApp:
             )
             choices.append({"index": i, **body, "finish_reason": reason, "logprobs": None})
         st.served(req, usage)
-        return await _send_json(send, 200, {**head, "choices": choices, "usage": usage}, hdrs)
+        return await send_json(send, 200, {**head, "choices": choices, "usage": usage}, hdrs)
 
     def _embeddings(self, req: SimRequest, prompt_tokens: int) -> dict[str, Any]:
         dim = opt_int(req.raw, "dimensions", self.config.embedding_dim) or 1
@@ -642,7 +447,7 @@ class SimApp:
 
         delay = self.config.stream_token_delay_ms / 1000.0
         for event in events():
-            if delay > 0 and not await _until_disconnect(asyncio.sleep(delay), receive):
+            if delay > 0 and not await until_disconnect(asyncio.sleep(delay), receive):
                 return _ABORTED  # the client left mid-stream: stop generating, like vLLM
             data = b"data: " + dumps(event) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -662,13 +467,13 @@ class SimApp:
         served = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words)}
         if not req.stream:
             self.stats.served(req, served)
-            return await _send_json(send, 200, reply.body(usage), hdrs)
+            return await send_json(send, 200, reply.body(usage), hdrs)
         start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *hdrs]
         await send({"type": "http.response.start", "status": 200, "headers": start})
         delay = self.config.stream_token_delay_ms / 1000.0
         events = [reply.created(), *(reply.delta(j) for j in range(len(words)))]
         for data in events:
-            if delay > 0 and not await _until_disconnect(asyncio.sleep(delay), receive):
+            if delay > 0 and not await until_disconnect(asyncio.sleep(delay), receive):
                 return _ABORTED  # the client left mid-stream
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": reply.completed(usage)})
@@ -697,13 +502,13 @@ class SimApp:
             prompt = [w for t in req.texts for w in split_words(t)]
             seq.text = prompt + reply.words(max_new) if req.n == 1 else prompt
             seq.key, seq.continues = reply.prompts[0], reply.offset
-        if fault_delay > 0 and not await _until_disconnect(asyncio.sleep(fault_delay), receive):
+        if fault_delay > 0 and not await until_disconnect(asyncio.sleep(fault_delay), receive):
             return _ABORTED
         try:
             engine.submit(seq)
         except SequenceTooLong as e:
-            return await _send_json(send, 400, _error_body(400, str(e)), hdrs)
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+            return await send_json(send, 400, error_body(400, str(e)), hdrs)
+        watch = asyncio.ensure_future(wait_disconnect(receive))
 
         def on_disconnect(t: asyncio.Future[None]) -> None:
             if not t.cancelled():
@@ -750,7 +555,7 @@ class SimApp:
                 return _ABORTED
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": seq.prompt_tokens})
-            return await _send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
+            return await send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
         prompts, reason = reply.prompts, reply.reason
         if req.stream:
             start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -776,7 +581,7 @@ class SimApp:
             tail = reply.tail_events(usage if req.include_usage else None)
             await send({"type": "http.response.body", "body": tail})
             return 200
-        return await _send_json(send, 200, reply.body(j, usage), hdrs)
+        return await send_json(send, 200, reply.body(j, usage), hdrs)
 
     def stats_dict(self) -> dict[str, Any]:
         st, sched = self.stats, self.load
@@ -828,7 +633,7 @@ class SimApp:
 
     async def _metrics(self, receive: Receive, send: Send) -> int:
         ctype = b"text/plain; version=0.0.4; charset=utf-8"
-        return await _send_body(send, 200, self.metrics_text().encode(), ctype)
+        return await send_body(send, 200, self.metrics_text().encode(), ctype)
 
     async def _models_list(self, receive: Receive, send: Send) -> int:
         data = [
@@ -843,201 +648,42 @@ class SimApp:
             }
             for m in self.config.model_names or [self.config.metrics_model_name]
         ]
-        return await _send_json(send, 200, {"object": "list", "data": data})
+        return await send_json(send, 200, {"object": "list", "data": data})
 
     def _faults_dict(self) -> dict[str, Any]:
         return {"faults": self.faults.describe()}
 
     async def _add_faults(self, receive: Receive, send: Send) -> int:
         try:
-            parsed = _FAULTS_BODY.validate_json(await _read_body(receive))
+            parsed = _FAULTS_BODY.validate_json(await read_body(receive))
         except ValidationError as e:
             msg = f"Invalid fault: {e.errors(include_url=False)}"
-            return await _send_json(send, 400, _error_body(400, msg))
+            return await send_json(send, 400, error_body(400, msg))
         self.faults.add(parsed if isinstance(parsed, list) else [parsed])
-        return await _send_json(send, 200, self._faults_dict())
+        return await send_json(send, 200, self._faults_dict())
 
     async def _clear_faults(self, receive: Receive, send: Send) -> int:
         self.faults.clear()
-        return await _send_json(send, 200, self._faults_dict())
+        return await send_json(send, 200, self._faults_dict())
 
     async def _reset_stats(self, receive: Receive, send: Send) -> int:
         self.stats.reset(self.load)
         if self.engine is not None:
             self.engine.log.reset()
-        return await _send_json(send, 200, self.stats_dict())
+        return await send_json(send, 200, self.stats_dict())
 
     async def _latencies(self, receive: Receive, send: Send) -> int:
         if self.engine is None:
-            return await _send_json(send, 404, _error_body(404, "Not in GPU mode (--gpu)"))
-        return await _send_json(send, 200, self.engine.log.summary())
+            return await send_json(send, 404, error_body(404, "Not in GPU mode (--gpu)"))
+        return await send_json(send, 200, self.engine.log.summary())
 
     async def _reset_latencies(self, receive: Receive, send: Send) -> int:
         if self.engine is None:
-            return await _send_json(send, 404, _error_body(404, "Not in GPU mode (--gpu)"))
+            return await send_json(send, 404, error_body(404, "Not in GPU mode (--gpu)"))
         self.engine.log.reset()
-        return await _send_json(send, 200, self.engine.log.summary())
+        return await send_json(send, 200, self.engine.log.summary())
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:
     """A fresh simulator (own scheduler, stats, faults); runs under uvicorn or ASGITransport."""
     return SimApp(config or SimConfig())
-
-
-class _InProcessServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:  # leave the host process's signals alone
-        yield
-
-
-class SimServer:
-    """Run the simulator on loopback in the current event loop (for tests and benchmarks)."""
-
-    def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0):
-        self.config = config or SimConfig()
-        self.app = create_app(self.config)
-        self.host, self.port = host, port
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    async def start(self) -> None:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: NODELAY
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
-        self.port = sock.getsockname()[1]
-        cfg = uvicorn.Config(
-            self.app,
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=1,
-            timeout_keep_alive=self.config.timeout_keep_alive_s,  # type: ignore[arg-type]
-        )
-        self._server = server = _InProcessServer(cfg)
-        self._task = task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if task.done():
-                sock.close()
-                task.result()
-                raise RuntimeError("simulator server exited during startup")
-            await asyncio.sleep(0.002)
-
-    async def stop(self) -> None:
-        if self._server is None or self._task is None:
-            return
-        self._server.should_exit = True
-        engine = getattr(self.app, "engine", None)  # tests may serve another ASGI app
-        if engine is not None:
-            await engine.stop()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-        except TimeoutError:
-            self._server.force_exit = True
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._server = self._task = None
-
-    async def __aenter__(self) -> SimServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-
-async def _serve_until_signal(server: uvicorn.Server) -> None:
-    """SIGINT/SIGTERM stop the server gracefully (a second SIGINT forces); main then returns 0."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, server.handle_exit, sig, None)
-    await server.serve()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="backfill sim", description="vLLM-like model server simulator")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--model", action="append", dest="models", help="served model name (repeat)")
-    p.add_argument("--any-model", action="store_true", help="accept any model name")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--latency-per-running-ms", type=float, default=0.0)
-    p.add_argument("--stream-token-delay-ms", type=float, default=0.0)
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="context in tokens (words): longer prompts and max_tokens get vLLM's 400",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("GPU mode", "continuous batching (tools.sim.gpu)")
-    d = GpuConfig()
-    g.add_argument("--gpu", action="store_true", help="continuous-batching engine model")
-    g.add_argument("--step-base-ms", type=float, default=d.step_base_ms)
-    g.add_argument("--step-per-seq-ms", type=float, default=d.step_per_seq_ms)
-    g.add_argument("--prefill-per-token-ms", type=float, default=d.prefill_per_token_ms)
-    g.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens)
-    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-    g.add_argument("--default-output-tokens", type=int, default=d.default_output_tokens)
-    p.add_argument("--log-level", default="info")
-    p.add_argument(
-        "--timeout-keep-alive",
-        type=float,
-        default=5.0,
-        help="seconds before an idle keep-alive connection is closed (uvicorn's, default 5)",
-    )
-    args = p.parse_args(argv)
-    config = SimConfig(
-        model_names=[] if args.any_model else (args.models or ["demo"]),
-        max_num_seqs=args.max_num_seqs,
-        latency_ms=args.latency_ms,
-        latency_per_running_ms=args.latency_per_running_ms,
-        scheduling_policy=args.scheduling_policy,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-        stream_token_delay_ms=args.stream_token_delay_ms,
-        timeout_keep_alive_s=args.timeout_keep_alive,
-        gpu=GpuConfig(
-            step_base_ms=args.step_base_ms,
-            step_per_seq_ms=args.step_per_seq_ms,
-            prefill_per_token_ms=args.prefill_per_token_ms,
-            kv_cache_tokens=args.kv_cache_tokens,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            default_output_tokens=args.default_output_tokens,
-        )
-        if args.gpu
-        else None,
-    )
-    cfg = uvicorn.Config(
-        create_app(config),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        lifespan="off",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-        timeout_keep_alive=config.timeout_keep_alive_s,  # type: ignore[arg-type]
-    )
-    asyncio.run(_serve_until_signal(_InProcessServer(cfg)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
