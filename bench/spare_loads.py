@@ -28,6 +28,12 @@ from tools.sim import BATCH_HEADER, SimServer
 CHAT = "/v1/chat/completions"
 IDEAL_REACT_S = 0.005
 """How often the ideal client looks at the live count and its own requests."""
+UNAVAILABLE_S = 60.0
+"""How long a settings PUT answered 503 (Temporal slow to answer a query on a loaded machine) is
+sent again before the run fails."""
+SDK_RETRIES = 5
+"""The `openai` SDK's retries (with its back-off) of the batch calls: a 503 or a dropped
+connection on a loaded machine is not the measurement."""
 BATCH_PRIORITY = 10
 """vLLM `priority` the ideal client puts on its requests, as the presets' `priority_hint`."""
 
@@ -224,7 +230,12 @@ class BackfillBatch:
         url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
         settings = settings_for(self.settings, stack.sim.url, w.max_num_seqs)
         async with httpx.AsyncClient(timeout=30) as http:
-            r = await http.put(url, json=settings, headers=auth("sk-test-admin"))
+            deadline = time.monotonic() + UNAVAILABLE_S
+            while True:
+                r = await http.put(url, json=settings, headers=auth("sk-test-admin"))
+                if r.status_code != 503 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(1.0)  # Temporal slow to answer (a loaded machine)
             if r.status_code != 200:
                 raise RuntimeError(f"settings refused: {r.status_code} {r.text}")
         put_at = time.monotonic()
@@ -233,7 +244,7 @@ class BackfillBatch:
             json.dumps({"custom_id": f"l{i}", "method": "POST", "url": CHAT, "body": body})
             for i in range(self.lines)
         ]
-        client = stack.client()
+        client = stack.client().with_options(max_retries=SDK_RETRIES)
         f = await client.files.create(
             file=("batch.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch"
         )
@@ -249,7 +260,7 @@ class BackfillBatch:
         await asyncio.sleep(max(0.0, put_at + POLICY_TTL + 1.0 - time.monotonic()))
 
     async def stop(self) -> dict[str, Any]:
-        client = self.stack.client()
+        client = self.stack.client().with_options(max_retries=SDK_RETRIES)
         assert self.batch_id is not None
         batch = await client.batches.cancel(self.batch_id)
         sim_stats = self.stack.sim.app.stats
