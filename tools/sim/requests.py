@@ -11,7 +11,10 @@ the reply uninterrupted.
 
 from __future__ import annotations
 
+import array
+import base64
 import json
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +184,24 @@ def reply_pieces(req: SimRequest, prompt: str) -> tuple[list[str], str]:
         return continued
     words, reason = reply_words("Simulated", prompt, req.max_tokens)
     return pieces(words), reason
+
+
+def _embedding(text: str, dim: int, seed: int) -> list[float]:
+    rnd = random.Random(f"{seed}:{text}")
+    vec = [rnd.uniform(-1.0, 1.0) for _ in range(dim)]
+    norm = sum(v * v for v in vec) ** 0.5 or 1.0
+    return [v / norm for v in vec]
+
+
+def embeddings_body(req: SimRequest, prompt_tokens: int, dim: int, seed: int) -> dict[str, Any]:
+    """The embeddings answer: one seeded unit vector per input (``dimensions`` or ``dim``)."""
+    dim = opt_int(req.raw, "dimensions", dim) or 1
+    b64 = req.raw.get("encoding_format") == "base64"
+    data = []
+    for i, text in enumerate(req.texts):
+        vec: Any = _embedding(text, dim, seed)
+        if b64:  # the openai SDK's default: raw float32 (native order)
+            vec = base64.b64encode(array.array("f", vec).tobytes()).decode()
+        data.append({"object": "embedding", "index": i, "embedding": vec})
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    return {"object": "list", "data": data, "model": req.model, "usage": usage}

@@ -15,11 +15,8 @@ requests, batch lines carrying ``X-Backfill-Batch``).
 
 from __future__ import annotations
 
-import array
 import asyncio
-import base64
 import contextlib
-import random
 import time
 import uuid
 from collections import deque
@@ -42,26 +39,24 @@ from tools.sim.asgi import (
 )
 from tools.sim.faults import FaultAction, FaultInjector, SimFault
 from tools.sim.gpu import (
-    FINISHED,
     GpuConfig,
     GpuEngine,
-    GpuSequence,
-    SequenceTooLong,
     TrafficClass,
 )
-from tools.sim.gpu_reply import GpuReply, continuation, dumps, split_words
+from tools.sim.gpu_reply import dumps, split_words
+from tools.sim.gpu_serve import GpuServing
 from tools.sim.requests import (
     CHAT,
     EMBEDDINGS,
     RESPONSE,
     BadRequest,
     SimRequest,
-    opt_int,
+    embeddings_body,
     parse_request,
     reply_pieces,
     reply_words,
 )
-from tools.sim.stats import Scheduler, SeenRequest, SimStats
+from tools.sim.stats import ABORTED, DROPPED, Scheduler, SeenRequest, SimStats
 
 __all__ = [
     "BATCH_HEADER",
@@ -75,7 +70,6 @@ __all__ = [
 
 BATCH_HEADER = "X-Backfill-Batch"
 _BATCH_KEY = BATCH_HEADER.lower().encode()
-_ABORTED, _DROPPED = -1, 0  # pseudo statuses for the stats
 _METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -131,13 +125,6 @@ class SimConfig(BaseModel):
         return self.model_names[0] if self.model_names else "demo"
 
 
-def _embedding(text: str, dim: int, seed: int) -> list[float]:
-    rnd = random.Random(f"{seed}:{text}")
-    vec = [rnd.uniform(-1.0, 1.0) for _ in range(dim)]
-    norm = sum(v * v for v in vec) ** 0.5 or 1.0
-    return [v / norm for v in vec]
-
-
 class SimApp:
     """The raw ASGI application. ``scheduler``, ``stats`` and ``faults`` are live state."""
 
@@ -150,6 +137,7 @@ class SimApp:
             else GpuEngine(config.gpu, config.max_num_seqs, config.scheduling_policy == "priority")
         )
         self.stats = SimStats()
+        self.gpu = None if self.engine is None else GpuServing(self.engine, self.stats, config)
         self.seen: deque[SeenRequest] = deque(maxlen=1024)  # the latest requests, oldest first
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self._models = frozenset(config.model_names)
@@ -211,7 +199,7 @@ class SimApp:
         rid = headers.get(b"x-request-id")
         request_id = rid.decode("latin-1") if rid else uuid.uuid4().hex
         self.stats.begin(batch)
-        status = _ABORTED
+        status = ABORTED
         try:
             status = await self._serve(spec, headers, request_id, receive, send)
         finally:
@@ -248,17 +236,16 @@ class SimApp:
         fault_delay = action.delay_s if action else 0.0
         if self.engine is not None and req.kind != RESPONSE:  # GPU mode: chat-shaped only
             traffic: TrafficClass = "live" if _BATCH_KEY not in headers else "batch"
-            return await self._respond_gpu(
-                self.engine, req, traffic, fault_delay, hdrs, receive, send
-            )
+            assert self.gpu is not None
+            return await self.gpu.respond(req, traffic, fault_delay, hdrs, receive, send)
         sched = self.scheduler
         if fault_delay > 0 or self.processing_delay_s(sched.running + 1) > 0:
             admit = self._admit(req.priority, fault_delay)
             if not await until_disconnect(admit, receive, on_orphan=sched.release):
-                return _ABORTED
+                return ABORTED
         elif not sched.try_acquire():
             if not await until_disconnect(sched.acquire(req.priority), receive, sched.release):
-                return _ABORTED
+                return ABORTED
         try:
             return await self._respond(req, hdrs, receive, send)
         finally:
@@ -308,10 +295,10 @@ class SimApp:
         """An injected failure: optional delay (no running slot used), then drop or error."""
         if action.delay_s > 0:
             if not await until_disconnect(asyncio.sleep(action.delay_s), receive):
-                return _ABORTED
+                return ABORTED
         if action.drop:
             await self._drop(receive, send)
-            return _DROPPED
+            return DROPPED
         status = action.status or 500
         if action.retry_after is not None:
             hdrs.append((b"retry-after", b"%g" % action.retry_after))
@@ -343,13 +330,18 @@ class SimApp:
     async def _respond(
         self, req: SimRequest, hdrs: list[Header], receive: Receive, send: Send
     ) -> int:
-        st, n = self.stats, req.n
+        st, n, c = self.stats, req.n, self.config
         prompt_tokens = max(1, sum(len(split_words(t)) for t in req.texts))
         st.prompt_tokens += prompt_tokens
         if req.kind == EMBEDDINGS:
             st.success_by_reason["stop"] += 1
             st.served(req, {"prompt_tokens": prompt_tokens})
-            return await send_json(send, 200, self._embeddings(req, prompt_tokens), hdrs)
+            return await send_json(
+                send,
+                200,
+                embeddings_body(req, prompt_tokens, c.embedding_dim, c.seed),
+                hdrs,
+            )
         if req.kind == RESPONSE:
             return await self._respond_response(req, prompt_tokens, hdrs, receive, send)
         chat = req.kind == CHAT
@@ -383,18 +375,6 @@ class SimApp:
             choices.append({"index": i, **body, "finish_reason": reason, "logprobs": None})
         st.served(req, usage)
         return await send_json(send, 200, {**head, "choices": choices, "usage": usage}, hdrs)
-
-    def _embeddings(self, req: SimRequest, prompt_tokens: int) -> dict[str, Any]:
-        dim = opt_int(req.raw, "dimensions", self.config.embedding_dim) or 1
-        b64 = req.raw.get("encoding_format") == "base64"
-        data = []
-        for i, text in enumerate(req.texts):
-            vec: Any = _embedding(text, dim, self.config.seed)
-            if b64:  # the openai SDK's default: raw float32 (native order)
-                vec = base64.b64encode(array.array("f", vec).tobytes()).decode()
-            data.append({"object": "embedding", "index": i, "embedding": vec})
-        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
-        return {"object": "list", "data": data, "model": req.model, "usage": usage}
 
     async def _stream(
         self,
@@ -448,7 +428,7 @@ class SimApp:
         delay = self.config.stream_token_delay_ms / 1000.0
         for event in events():
             if delay > 0 and not await until_disconnect(asyncio.sleep(delay), receive):
-                return _ABORTED  # the client left mid-stream: stop generating, like vLLM
+                return ABORTED  # the client left mid-stream: stop generating, like vLLM
             data = b"data: " + dumps(event) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
@@ -474,122 +454,19 @@ class SimApp:
         events = [reply.created(), *(reply.delta(j) for j in range(len(words)))]
         for data in events:
             if delay > 0 and not await until_disconnect(asyncio.sleep(delay), receive):
-                return _ABORTED  # the client left mid-stream
+                return ABORTED  # the client left mid-stream
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": reply.completed(usage)})
         self.stats.served(req, served)
         return 200
-
-    async def _respond_gpu(
-        self,
-        engine: GpuEngine,
-        req: SimRequest,
-        traffic: TrafficClass,
-        fault_delay: float,
-        hdrs: list[Header],
-        receive: Receive,
-        send: Send,
-    ) -> int:
-        """GPU mode: the request becomes one engine sequence; each token is sent (streaming) as
-        the step that made it completes."""
-        st, chat, emb = self.stats, req.kind == CHAT, req.kind == EMBEDDINGS
-        prompt_tokens = max(1, sum(len(split_words(t)) for t in req.texts))
-        max_new = 0 if emb else (req.max_tokens or engine.config.default_output_tokens)
-        seq = GpuSequence(prompt_tokens, max_new, req.priority, traffic, "priority" in req.raw)
-        reply = None if emb else self._gpu_reply_for(req, chat, prompt_tokens)
-        if reply is not None:
-            # The prefix cache's names for its tokens: the prompt's words, then the reply's.
-            prompt = [w for t in req.texts for w in split_words(t)]
-            seq.text = prompt + reply.words(max_new) if req.n == 1 else prompt
-            seq.key, seq.continues = reply.prompts[0], reply.offset
-        if fault_delay > 0 and not await until_disconnect(asyncio.sleep(fault_delay), receive):
-            return _ABORTED
-        try:
-            engine.submit(seq)
-        except SequenceTooLong as e:
-            return await send_json(send, 400, error_body(400, str(e)), hdrs)
-        watch = asyncio.ensure_future(wait_disconnect(receive))
-
-        def on_disconnect(t: asyncio.Future[None]) -> None:
-            if not t.cancelled():
-                engine.abort(seq)
-
-        watch.add_done_callback(on_disconnect)
-        try:
-            return await self._gpu_reply(req, seq, reply, hdrs, send)
-        finally:
-            watch.cancel()
-            engine.abort(seq)  # no-op once finished
-            st.prompt_tokens += prompt_tokens
-
-    @staticmethod
-    def _gpu_reply_for(req: SimRequest, chat: bool, prompt_tokens: int) -> GpuReply:
-        """The reply's tokens: to the last message (chat) or each prompt, or the rest of a
-        reply a continuation begins (`gpu_reply.continuation`)."""
-        prompts = [p for p in (req.texts[-1:] if chat else req.texts) for _ in range(req.n)]
-        reason = "length" if req.max_tokens else "stop"
-        continued_final = bool(req.raw.get("continue_final_message"))
-        cont = continuation(chat, req.texts, continued_final, req.role) if req.n == 1 else None
-        offset = 0
-        if cont is not None:
-            prompts, offset = [cont[0]], cont[1]
-        opts = req.raw.get("stream_options")
-        continuous = req.include_usage and isinstance(opts, dict)
-        continuous = continuous and bool(opts.get("continuous_usage_stats"))  # type: ignore[union-attr]
-        so_far = prompt_tokens if continuous else None
-        return GpuReply(chat, req.stream, req.model, prompts, reason, offset, so_far)
-
-    async def _gpu_reply(
-        self,
-        req: SimRequest,
-        seq: GpuSequence,
-        reply: GpuReply | None,
-        hdrs: list[Header],
-        send: Send,
-    ) -> int:
-        st = self.stats
-        if reply is None:  # embeddings
-            while await seq.tokens.get() is not FINISHED:
-                pass
-            if seq.aborted:
-                return _ABORTED
-            st.success_by_reason["stop"] += 1
-            st.served(req, {"prompt_tokens": seq.prompt_tokens})
-            return await send_json(send, 200, self._embeddings(req, seq.prompt_tokens), hdrs)
-        prompts, reason = reply.prompts, reply.reason
-        if req.stream:
-            start = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-            await send({"type": "http.response.start", "status": 200, "headers": start + hdrs})
-        j = 0
-        while await seq.tokens.get() is not FINISHED:
-            st.generation_tokens += len(prompts)
-            if req.stream:
-                body = reply.token_events(j)
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-            j += 1
-        if seq.aborted:
-            return _ABORTED
-        st.success_by_reason[reason] += 1
-        completion = j * len(prompts)
-        usage = {
-            "prompt_tokens": seq.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": seq.prompt_tokens + completion,
-        }
-        st.served(req, usage)
-        if req.stream:
-            tail = reply.tail_events(usage if req.include_usage else None)
-            await send({"type": "http.response.body", "body": tail})
-            return 200
-        return await send_json(send, 200, reply.body(j, usage), hdrs)
 
     def stats_dict(self) -> dict[str, Any]:
         st, sched = self.stats, self.load
         return {
             "requests_total": st.all.requests_total,
             "responses_by_status": {str(k): v for k, v in st.by_status.items() if k > 0},
-            "dropped": st.by_status[_DROPPED],
-            "aborted": st.by_status[_ABORTED],
+            "dropped": st.by_status[DROPPED],
+            "aborted": st.by_status[ABORTED],
             "running": sched.running,
             "waiting": sched.waiting,
             "peak_running": sched.peak_running,
@@ -601,19 +478,7 @@ class SimApp:
             "live": st.live.as_dict(),
             "priorities_seen": {str(k): v for k, v in st.priorities.items()},
             "faults_active": len(self.faults),
-            **({} if self.engine is None else {"gpu": self._gpu_dict(self.engine)}),
-        }
-
-    @staticmethod
-    def _gpu_dict(engine: GpuEngine) -> dict[str, Any]:
-        return {
-            "steps": engine.steps,
-            "busy_s": engine.busy_s,
-            "kv_cache_tokens_held": engine.held_tokens,
-            "prefix_cache": None
-            if (cache := engine.prefix_cache) is None
-            else {"queries": cache.queries, "hits": cache.hits, "blocks": len(cache)},
-            "latencies": engine.log.summary(),
+            **({} if self.gpu is None else {"gpu": self.gpu.as_dict()}),
         }
 
     def metrics_text(self) -> str:

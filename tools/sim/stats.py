@@ -11,6 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+ABORTED, DROPPED = -1, 0
+"""Pseudo statuses for the stats: the client left before the answer; the connection dropped."""
+
 if TYPE_CHECKING:
     from tools.sim.gpu import GpuEngine
     from tools.sim.requests import SimRequest
