@@ -22,6 +22,14 @@ from tools.sim import SimConfig
 
 LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta", "sk-test-admin"
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+HELD_STACK: dict[str, Any] = {
+    "route_settings": {"time_window": closed_window()},
+    "workspace_limits": {"alpha": {"max_active_batches": 1, "max_stored_bytes": 2048}},
+}
+"""The shared stack of the admission and limits tests: its route's settings file keeps it
+closed for the session (a one-minute window six hours after the tests were collected), so
+every batch made there waits, and is cancelled with its lease; alpha may keep one batch active
+and 2 KiB of files (every lease's alpha: its own workspace)."""
 
 
 async def _upload(http: httpx.AsyncClient, key: str, data: bytes) -> httpx.Response:
@@ -125,50 +133,44 @@ async def test_revoked_key_does_not_stop_an_accepted_batch(stack: Stack) -> None
     assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 3, batch
 
 
-async def test_workspace_limits(make_stack: MakeStack) -> None:
+async def test_workspace_limits(lease_stack: MakeStack) -> None:
     """Alpha may keep one batch queued or running and 2 KiB of files; beyond either it gets
     429 in OpenAI's envelope, and what it had is unchanged. Beta (no limits) is unaffected."""
-    stack = await make_stack(
-        workspace_limits={"alpha": {"max_active_batches": 1, "max_stored_bytes": 2048}}
-    )
+    stack = await lease_stack(**HELD_STACK)
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
-        url = SCHEDULING.format(route=stack.route_id)
-        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
-        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
-
         small = jsonl(3)
         assert len(small) < 1024
-        first = await _upload(http, ALPHA, small)
+        first = await _upload(http, stack.key(ALPHA), small)
         assert first.status_code == 200, first.text
         too_big = jsonl(30)
         assert len(too_big) > 2048 - len(small)
-        resp = await _upload(http, ALPHA, too_big)
+        resp = await _upload(http, stack.key(ALPHA), too_big)
         assert_error(resp, 429, code="storage_limit_exceeded", type_="rate_limit_error")
-        files = (await http.get("/v1/files", headers=auth(ALPHA))).json()["data"]
+        files = (await http.get("/v1/files", headers=stack.auth(ALPHA))).json()["data"]
         assert [f["id"] for f in files] == [first.json()["id"]]
 
         file_id = first.json()["id"]
-        created = await _create(http, ALPHA, file_id)
+        created = await _create(http, stack.key(ALPHA), file_id)
         assert created.status_code == 200, created.text
         batch_id = created.json()["id"]
         # Visibility lists the batch once its start is indexed: the limit counts from there.
         await poll_until(
-            lambda: http.get("/v1/batches", headers=auth(ALPHA)),
+            lambda: http.get("/v1/batches", headers=stack.auth(ALPHA)),
             lambda r: [b["id"] for b in r.json()["data"]] == [batch_id],
             timeout=30,
             what="the first batch listed",
         )
-        resp = await _create(http, ALPHA, file_id)
+        resp = await _create(http, stack.key(ALPHA), file_id)
         assert_error(resp, 429, code="batch_limit_exceeded", type_="rate_limit_error")
-        listed = (await http.get("/v1/batches", headers=auth(ALPHA))).json()["data"]
+        listed = (await http.get("/v1/batches", headers=stack.auth(ALPHA))).json()["data"]
         assert [(b["id"], b["status"]) for b in listed] in (
             [(batch_id, "validating")],
             [(batch_id, "in_progress")],
         )
         # Beta has no limits.
-        beta_file = (await _upload(http, BETA, too_big)).json()["id"]
+        beta_file = (await _upload(http, stack.key(BETA), too_big)).json()["id"]
         for _ in range(2):
-            assert (await _create(http, BETA, beta_file)).status_code == 200
+            assert (await _create(http, stack.key(BETA), beta_file)).status_code == 200
 
 
 async def test_share_weight_splits_a_route(make_stack: MakeStack, temporal_client: Client) -> None:
@@ -190,26 +192,26 @@ async def test_share_weight_splits_a_route(make_stack: MakeStack, temporal_clien
     assert sum(b.allotment for b in st.batches) == 4
 
 
-async def test_parallel_creates_admit_exactly_the_limit(make_stack: MakeStack) -> None:
+async def test_parallel_creates_admit_exactly_the_limit(lease_stack: MakeStack) -> None:
     """With `max_active_batches = 1`, 20 creates at once make exactly one batch: admission is
     counted by the workspace's admission workflow, not by the lagging visibility index."""
-    stack = await make_stack(workspace_limits={"alpha": {"max_active_batches": 1}})
+    stack = await lease_stack(**HELD_STACK)
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
-        url = SCHEDULING.format(route=stack.route_id)
-        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
-        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
-        file_id = (await _upload(http, ALPHA, jsonl(3))).json()["id"]
+        file_id = (await _upload(http, stack.key(ALPHA), jsonl(3))).json()["id"]
 
         # 20 connections open first, so the creates arrive together rather than as connected.
-        await asyncio.gather(*(http.get("/v1/files", headers=auth(ALPHA)) for _ in range(20)))
-        answers = await asyncio.gather(*(_create(http, ALPHA, file_id) for _ in range(20)))
+        alpha = stack.auth(ALPHA)
+        await asyncio.gather(*(http.get("/v1/files", headers=alpha) for _ in range(20)))
+        answers = await asyncio.gather(
+            *(_create(http, stack.key(ALPHA), file_id) for _ in range(20))
+        )
         made = [r.json()["id"] for r in answers if r.status_code == 200]
         assert len(made) == 1, [(r.status_code, r.text[:80]) for r in answers]
         for r in answers:
             if r.status_code != 200:
                 assert_error(r, 429, code="batch_limit_exceeded", type_="rate_limit_error")
         listed = await poll_until(
-            lambda: http.get("/v1/batches", headers=auth(ALPHA)),
+            lambda: http.get("/v1/batches", headers=stack.auth(ALPHA)),
             lambda r: r.json()["data"],
             timeout=30,
             what="the batch listed",
@@ -218,23 +220,22 @@ async def test_parallel_creates_admit_exactly_the_limit(make_stack: MakeStack) -
 
 
 @pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
-async def test_pinned_input_counts_towards_stored_bytes(make_stack: MakeStack) -> None:
+async def test_pinned_input_counts_towards_stored_bytes(lease_stack: MakeStack) -> None:
     """Upload, create a batch, delete the file: the batch's pinned copy stays stored, so the
     bytes still count and the next upload that would pass the limit with them is refused."""
-    small = jsonl(3)
-    limit = len(small) + len(small) // 2
-    stack = await make_stack(workspace_limits={"alpha": {"max_stored_bytes": limit}})
+    small = jsonl(9)
+    limit = HELD_STACK["workspace_limits"]["alpha"]["max_stored_bytes"]
+    assert len(small) <= limit < 2 * len(small)  # one fits, the pinned copy and one more not
+    stack = await lease_stack(**HELD_STACK)
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
-        url = SCHEDULING.format(route=stack.route_id)
-        held = {"max_concurrent_lines": 4, "time_window": closed_window()}
-        assert (await http.put(url, headers=auth(ADMIN), json=held)).status_code == 200
-        file_id = (await _upload(http, ALPHA, small)).json()["id"]
-        created = await _create(http, ALPHA, file_id)
+        file_id = (await _upload(http, stack.key(ALPHA), small)).json()["id"]
+        created = await _create(http, stack.key(ALPHA), file_id)
         assert created.status_code == 200, created.text
-        assert (await http.delete(f"/v1/files/{file_id}", headers=auth(ALPHA))).status_code == 200
+        deleted = await http.delete(f"/v1/files/{file_id}", headers=stack.auth(ALPHA))
+        assert deleted.status_code == 200
 
-        resp = await _upload(http, ALPHA, small)
+        resp = await _upload(http, stack.key(ALPHA), small)
         assert_error(resp, 429, code="storage_limit_exceeded", type_="rate_limit_error")
-        assert (await http.get("/v1/files", headers=auth(ALPHA))).json()["data"] == []
+        assert (await http.get("/v1/files", headers=stack.auth(ALPHA))).json()["data"] == []
         # Beta's quota is its own.
-        assert (await _upload(http, BETA, small)).status_code == 200
+        assert (await _upload(http, stack.key(BETA), small)).status_code == 200
