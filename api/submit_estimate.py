@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from api.history_view import quick_query
 from backfill.batches import SubmitEstimate
 from backfill.config import Settings
 from backfill.endpoints import spec_of
@@ -39,8 +40,6 @@ LIKELY_TO_MISS = Counter(
     "(backfill.estimate.window_achievable false).",
     ["model"],
 )
-STATUS_TIMEOUT_SECONDS = 3.0
-"""How long a create waits for a route scheduler's answer before giving no estimate."""
 REFRESH_SECONDS = 60.0
 """How long a reading of the journal serves the creates that follow (within the same hour)."""
 FIRST_LINE_BYTES = 1 << 20
@@ -174,9 +173,7 @@ async def _wanted(client: Client, route_id: str) -> tuple[int, ...]:
         RouteSchedulerWorkflow.run, scheduler_workflow_id(route_id)
     )
     try:
-        status = await asyncio.wait_for(
-            handle.query(RouteSchedulerWorkflow.status, time.time()), STATUS_TIMEOUT_SECONDS
-        )
+        status = await quick_query(handle, RouteSchedulerWorkflow.status, time.time())
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return ()
@@ -208,6 +205,8 @@ async def estimate_at_submit(
         served = await asyncio.to_thread(history.served, now)
         counts = split_lines(lines, [r.weight for r in model.routes])
         routes = [(r, n) for r, n in zip(model.routes, counts, strict=True) if n > 0]
+        if any(r.id not in served for r, _ in routes):
+            return empty.model_copy(update={"model": model.id})  # no history: nothing to ask
         wanted = await asyncio.gather(*(_wanted(client, r.id) for r, _ in routes))
     except Exception as err:  # no estimate is an answer; a failed create is not
         log.info("no estimate at submit: %s", err)

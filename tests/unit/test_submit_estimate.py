@@ -213,3 +213,42 @@ def test_the_cli_and_the_console_say_the_estimate() -> None:
     batch.backfill.estimate = SubmitEstimate(made_at=1, lines=9)
     assert "no throughput history" in page()
     assert cli() == "none (no throughput history on its route); 0 lines queued before it"
+
+
+async def test_a_route_without_history_asks_no_scheduler(tmp_path: Path) -> None:
+    """No history, no estimate: the create does not wait for a scheduler's answer (none may be
+    running) to give nulls."""
+    from typing import Any, cast
+
+    from temporalio.client import Client
+
+    from api.submit_estimate import estimate_at_submit
+    from backfill.config import Settings
+
+    used: list[str] = []
+
+    class NoCalls:  # what it is asked is recorded (the estimate swallows any error)
+        def __getattr__(self, name: str) -> Any:
+            used.append(name)
+            raise AssertionError(f"the client was used: {name}")
+
+    store = FileStore(tmp_path)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}
+    text = json.dumps({**line, "body": {"model": "demo", "messages": []}}) + "\n"
+    settings = Settings(
+        models=[{"id": "demo", "routes": [{"id": "r1", "base_url": "http://upstream/v1"}]}]
+    )
+    est = await estimate_at_submit(
+        client=cast(Client, NoCalls()),
+        settings=settings,
+        store=store,
+        history=ServedHistory(tmp_path),
+        file_id=_upload(store, text),
+        endpoint="/v1/chat/completions",
+        lines=1,
+        now=NOW,
+        expires_at=NOW + 86400,
+    )
+    assert est.model == "demo" and est.lines == 1
+    assert (est.expected_finish_at, est.window_achievable) == (None, None)
+    assert used == []
