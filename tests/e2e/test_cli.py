@@ -26,12 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.e2e.conftest import MakeStack
-from tests.e2e.stack import Stack, auth, input_ids, jsonl
+from tests.e2e.stack import Stack, input_ids, jsonl
 from tests.polling import poll_until
 from tools.sim import SimConfig
 from tools.sim.faults import SimFault
 
 ROOT = Path(__file__).resolve().parents[2]
+CLI_STACK: dict[str, Any] = {"cap": 4, "sim": SimConfig(model_names=[], latency_ms=200)}
+"""The shared stack the CLI tests lease (a test sets its simulator's latency and faults)."""
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -129,7 +131,7 @@ async def test_submit_wait_shows_progress_through_a_pause_and_saves_the_files(
 ) -> None:
     # At most 4 lines of 200 ms at once (20 lines/s): after the first fifth, the pause has 8 s
     # or more to land before the last line would finish, however fast the machine.
-    stack = await lease_stack(cap=4, sim=SimConfig(model_names=[], latency_ms=200))
+    stack = await lease_stack(**CLI_STACK)
     n = 200
     source = tmp_path / "requests.jsonl"
     source.write_bytes(jsonl(n, prefix="cli"))
@@ -220,11 +222,13 @@ async def test_retry_of_failed_lines_completes_exactly_those(
 
 
 async def test_partial_fetches_at_any_time_add_up_to_the_final_files(
-    make_stack: MakeStack,
+    lease_stack: MakeStack,
 ) -> None:
-    sim = SimConfig(model_names=[], latency_ms=30, faults=[SimFault(status=400, rate=0.1)])
-    stack = await make_stack(cap=4, sim=sim)
-    http = httpx.Client(base_url=stack.api_url, headers=auth(), timeout=60)
+    stack = await lease_stack(**CLI_STACK)
+    # A lease's simulator starts in its first state: these lines are 30 ms, 1 in 10 fails.
+    stack.sim.app.config.latency_ms = 30
+    stack.sim.app.faults.add([SimFault(status=400, rate=0.1)])
+    http = httpx.Client(base_url=stack.api_url, headers=stack.auth(), timeout=60)
 
     def fetch(batch_id: str, after: str | None, limit: int) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
@@ -274,7 +278,9 @@ async def test_partial_fetches_at_any_time_add_up_to_the_final_files(
         # Another workspace's batch is not there at all.
         batch_id = (await stack.client().batches.list()).data[0].id
         async with httpx.AsyncClient(base_url=stack.api_url) as other:
-            resp = await other.get(f"/v1/batches/{batch_id}/results", headers=auth("sk-test-beta"))
+            resp = await other.get(
+                f"/v1/batches/{batch_id}/results", headers=stack.auth("sk-test-beta")
+            )
         assert resp.status_code == 404 and resp.json()["error"]["param"] == "batch_id"
     finally:
         await asyncio.to_thread(http.close)

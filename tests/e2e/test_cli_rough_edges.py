@@ -19,7 +19,7 @@ import pytest
 
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import auth, input_ids, jsonl
-from tests.e2e.test_cli import Cli, cli
+from tests.e2e.test_cli import CLI_STACK, Cli, cli
 from tests.polling import poll_until
 from tools.sim import SimConfig
 from tools.sim.faults import SimFault
@@ -92,11 +92,13 @@ async def test_list_get_watch_and_a_refused_submit(
 
 
 async def test_a_second_retry_never_sends_what_an_earlier_retry_completed(
-    make_stack: MakeStack, tmp_path: Path
+    lease_stack: MakeStack, tmp_path: Path
 ) -> None:
     n = 60
-    sim = SimConfig(model_names=[], latency_ms=5, faults=[SimFault(status=500, count=10)])
-    stack = await make_stack(cap=4, sim=sim)
+    stack = await lease_stack(**CLI_STACK)
+    # A lease's simulator starts in its first state: 5 ms lines, the first 10 answered 500.
+    stack.sim.app.config.latency_ms = 5
+    stack.sim.app.faults.add([SimFault(status=500, count=10)])
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl(n, prefix="r"))
     rc, out = await cli(stack, "submit", str(source), "--wait", cwd=tmp_path)
