@@ -44,12 +44,13 @@ NEW_TOKENS = 16
 """Tokens vLLM generates while the line's run is in it before the next preemption (its
 counter: a live stream still being aborted as the continuation starts may make a few)."""
 GENERATED, PROMPTS = "vllm:generation_tokens", "vllm:prompt_tokens"
-MOST_TOKENS = 8192
+MOST_TOKENS = 16384
 """The line's `max_tokens` at most: room in the context (`MAX_MODEL_LEN`, 32768) for its last
 continuation's prompt, which holds the partial answer re-tokenized from its text, up to 3 tokens
-per token generated (a random-weight model emits byte tokens that decode to U+FFFD, 3 bytes).
-vLLM lowers a `max_tokens` that does not fit beside the prompt to what does: an answer resumed
-near the context's end can be shorter than the one sent without interruption."""
+per token generated (a random-weight model emits byte tokens that decode to U+FFFD, 3 bytes):
+room for a last preemption up to about 8,000 tokens in (it comes after a few hundred to a few
+thousand). vLLM lowers a `max_tokens` that does not fit beside the prompt to what does: an
+answer resumed near the context's end can be shorter than the one sent without interruption."""
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
