@@ -135,16 +135,18 @@ class Stack:
         self.tmp = tmp
         self.temporal_address = temporal_address
         self.cap = cap
-        self.sim = SimServer(sim or SimConfig(model_names=[], latency_ms=5))
+        # The stack's own copy: a test changes its simulator's config at run time (a lease's
+        # latency, say), which must not change the options it was made from (the key a shared
+        # stack is found by, and the first state the next lease is reset to).
+        sim = (sim or SimConfig(model_names=[], latency_ms=5)).model_copy(deep=True)
+        self.sim = SimServer(sim)
         self.suffix = secrets.token_hex(4)
         self.route_id = f"sim-{self.suffix}"
         self.routes = [self.route_id] + [f"sim{i}-{self.suffix}" for i in range(extra_routes)]
         # With sim_per_route, each route has its own simulator (same config), so each route's
         # traffic is measured at its own upstream; otherwise all routes share `sim`.
         self.route_sims = {
-            route: SimServer((sim or SimConfig(model_names=[], latency_ms=5)).model_copy())
-            if sim_per_route and i
-            else self.sim
+            route: SimServer(sim.model_copy(deep=True)) if sim_per_route and i else self.sim
             for i, route in enumerate(self.routes)
         }
         self.task_queue = f"tq-{self.suffix}"
