@@ -28,13 +28,24 @@ def chat(content: str = "hello there", **body: Any) -> dict[str, Any]:
 
 
 async def sse(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of a server-sent event stream, up to `[DONE]`."""
-    async for line in resp.aiter_lines():
-        if line.startswith("data: "):
+    """The JSON events of a server-sent event stream, up to `[DONE]`. Lines end at "\n" only:
+    vLLM writes non-ASCII unescaped, and the random-weight model's text can hold U+0085 or
+    U+2028, where httpx's `aiter_lines` (str.splitlines) would cut an event in two."""
+    buffer = ""
+    async for text in resp.aiter_text():
+        buffer += text
+        *lines, buffer = buffer.split("\n")
+        for line in lines:
+            line = line.rstrip("\r")
+            if not line.startswith("data: "):
+                continue
             data = line[len("data: ") :]
             if data == "[DONE]":
                 return
             yield json.loads(data)
+    tail = buffer.rstrip("\r")
+    if tail.startswith("data: ") and tail != "data: [DONE]":
+        yield json.loads(tail[len("data: ") :])
 
 
 async def test_metrics_the_gates_read_have_their_names_and_types(upstream: Upstream) -> None:

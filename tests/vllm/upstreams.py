@@ -73,6 +73,10 @@ def vllm_env() -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # vLLM's CPU worker binds a spinning OpenMP thread to every core by default ("auto"),
+        # which starved the Temporal server, worker and api of a 2-core machine (heartbeats and
+        # queries timed out mid-test): it gets the first core, the gateway the rest.
+        "VLLM_CPU_OMP_THREADS_BIND": "0",
     }
 
 
