@@ -107,4 +107,4 @@ test-vllm: venv
 	if [ $$rc = 3 ]; then exit 0; elif [ $$rc != 0 ]; then exit $$rc; fi; \
 	bash tests/vllm/make_venv.sh $(VLLM_VENV) && \
 	$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_VENV)/tiny-llama && \
-	BACKFILL_VLLM_VENV=$(VLLM_VENV) $(BIN)/pytest -p no:randomly -q -rs --durations=10 tests/vllm
+	BACKFILL_VLLM_VENV=$(VLLM_VENV) $(BIN)/pytest -p no:randomly -q -rsxX --durations=10 tests/vllm

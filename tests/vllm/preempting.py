@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.stack import auth
@@ -38,6 +39,18 @@ __all__ = [
     "vllm_stack",
     "wait_preempted",
 ]
+
+
+STARVED_ON_TWO_CORES = pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "on a 2-core machine the CPU vLLM starves the Temporal server and the worker: line "
+        "heartbeats and queries time out mid-test (lines lost, 503 temporal_unavailable), so no "
+        "line is left to preempt; passes where cores are to spare (issue 37 stays open)"
+    ),
+)
+"""The gateway's preemption tests against the real vLLM: printed as xfail or XPASS by make
+test-vllm (-rxX), never skipped silently."""
 
 
 @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from tests.e2e.stack import wait_terminal
 from tests.polling import poll_until
 from tests.vllm.preempting import (
     MODEL,
+    STARVED_ON_TWO_CORES,
     live_stream,
     put_settings,
     tokens_for,
@@ -123,6 +124,7 @@ LINE_SECONDS = 25.0
 steps up to the preemption take about 5 s on a loaded 2-core machine."""
 
 
+@STARVED_ON_TWO_CORES
 async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm: Upstream) -> None:
     """A live request that needs a seat two long batch lines hold ends the youngest line: its
     connection closes, and vLLM stops generating it (its running count drops), so the seat is

@@ -26,6 +26,7 @@ from tests.e2e.stack import wait_terminal
 from tests.polling import poll_until
 from tests.vllm.preempting import (
     MODEL,
+    STARVED_ON_TWO_CORES,
     counted,
     counter,
     live_stream,
@@ -80,6 +81,7 @@ async def partial(stack: VllmStack, batch_id: str) -> Partial:
     return Partial.model_validate_json(data)
 
 
+@STARVED_ON_TWO_CORES
 async def test_a_line_preempted_three_times_resumes_and_keeps_its_tokens(
     tmp_path: Path, dev_server: Any, vllm: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
