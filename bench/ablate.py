@@ -46,9 +46,9 @@ async def _canned_send(
     self: Any, route: Any, input: Any, request: dict[str, Any], line_no: int, rid: str
 ) -> Any:
     """`LineActivities._send` without the HTTP request: the simulator's answer, built the way
-    `_send` builds a real one (`activities.lines._answer`), after the simulator's latency
+    `_send` builds a real one (`activities.line_answers.http_answer`), after the simulator's latency
     (`CANNED_LATENCY_S`), so lines still take as long as with the upstream."""
-    from activities.lines import _answer
+    from activities.line_answers import http_answer
 
     if CANNED_LATENCY_S:
         await asyncio.sleep(CANNED_LATENCY_S)
@@ -66,7 +66,7 @@ async def _canned_send(
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
     data = json.dumps(body).encode()
-    return _answer(request["custom_id"], line_no, 200, rid, "application/json", data)
+    return http_answer(request["custom_id"], line_no, 200, rid, "application/json", data)
 
 
 CANNED_LATENCY_S = 0.0

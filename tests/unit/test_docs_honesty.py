@@ -42,7 +42,7 @@ API_CODE = re.compile(r'code="([a-z_]+)"')
 """`code="..."` in an APIError, a BodyRule or a BatchError."""
 GATEWAY_CODE = re.compile(r'_gateway_error\([^)]*"([a-z_]+)"\)', re.S)
 ENVELOPE_CODE = re.compile(r'"code": "([a-z_]+)"')
-LINE_CODE = re.compile(r'_failed\(\s*custom_id,\s*line_no,\s*"([a-z_]+)"')
+LINE_CODE = re.compile(r'\bfailed\(\s*custom_id,\s*line_no,\s*"([a-z_]+)"')
 FINAL_CODE = re.compile(r'"(batch_cancelled|batch_expired|internal_error)"')
 
 
@@ -302,7 +302,7 @@ def input_codes() -> set[str]:
 
 
 def input_and_line_codes() -> set[str]:
-    line_codes = set(LINE_CODE.findall(source("activities/lines.py")))
+    line_codes = set(LINE_CODE.findall(source("activities/line*.py")))
     final = set(FINAL_CODE.findall(source("activities/finalizing.py")))
     give_up = set(re.findall(r'give_up_code="([a-z_]+)"', source("workflows/*.py")))
     return input_codes() | line_codes | final | give_up

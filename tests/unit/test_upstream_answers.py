@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from activities.finalizing import FinalizeActivities
-from activities.lines import RETRYABLE_STATUS
+from activities.line_answers import RETRYABLE_STATUS
 from backfill import strict_json
 from backfill.messages import FinalizeInput
 from backfill.records import one_line, outcome_from_record, response_record_bytes, usage_of

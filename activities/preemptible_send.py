@@ -1,0 +1,62 @@
+"""A batch line's send that gives its seat back to live traffic (decision 0023).
+
+The line waits at its worker's board's door for a seat beside live traffic, then goes upstream;
+when the board preempts it, the upstream request is closed (the server aborts it) and the line
+ends `preempted`. The board is `activities.preemption.PreemptBoard`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+from activities.line_answers import Answer
+from activities.preemption import PreemptBoard
+from backfill.messages import LineInput, LineOutcome
+from backfill.streamed_answer import Reassembled
+
+
+async def send_preemptible(
+    board: PreemptBoard,
+    input: LineInput,
+    line_no: int,
+    send: Coroutine[Any, Any, Answer],
+    stream: Reassembled | None = None,
+) -> Answer:
+    """`send` unless live traffic needs the seat first: then the upstream request is closed
+    (the server aborts it) and the answer says `preempted`, with the tokens it generated
+    (`stream`'s count, else an estimate). An answer that is complete when the preemption
+    comes is kept (it is committed like any other)."""
+    ticket = board.enter(input.route_id, input.preemptions)
+    try:
+        try:
+            may_send = await board.door(ticket)
+        except BaseException:
+            send.close()  # never sent: cancelled while it waited for a seat
+            raise
+        if not may_send:  # no seat within the door's limit: back to the queue, not a try
+            send.close()
+            return Answer(b"", LineOutcome(line=line_no, preempted=True, held=True))
+        sent = asyncio.ensure_future(send)
+        stop = asyncio.ensure_future(ticket.preempted.wait())
+        try:
+            await asyncio.wait((sent, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not sent.done():
+                sent.cancel()
+                await asyncio.wait((sent,))  # the connection is closed before we go on
+        if not sent.cancelled():
+            answer = sent.result()
+            usage = answer.outcome.usage
+            tokens = usage.output_tokens if usage is not None else 0
+            board.finished(ticket, stream.generated() if stream is not None else tokens)
+            return answer
+        generated = stream.generated() if stream is not None else board.wasted_tokens(ticket)
+        outcome = LineOutcome(
+            line=line_no, error_code="preempted", preempted=True, wasted_tokens=generated
+        )
+        return Answer(b"", outcome)
+    finally:
+        board.leave(ticket)
