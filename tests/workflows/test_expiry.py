@@ -13,7 +13,7 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,8 @@ class Harness:
         )
         self.store = FileStore(self.settings.data_dir)
         self.hold_position: int | None = None
+        self.starts: list[datetime] = []
+        """When each line attempt was scheduled (workflow time)."""
         self.release = asyncio.Event()
         self.held = asyncio.Event()
 
@@ -85,6 +87,7 @@ class Harness:
 
     @activity.defn(name="run_line")
     async def run_line(self, input: LineInput) -> LineOutcome:
+        self.starts.append(activity.info().current_attempt_scheduled_time)
         if input.position == self.hold_position:
             self.held.set()
             await self.release.wait()

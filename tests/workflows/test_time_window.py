@@ -18,7 +18,6 @@ import pytest_asyncio
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
-from temporalio.testing import WorkflowEnvironment
 
 from backfill import refs
 from backfill.batches import Batch
@@ -37,10 +36,6 @@ RETRY_AFTER = 3000.0
 
 
 class SlowLines(Harness):
-    def __init__(self, env: WorkflowEnvironment, tmp: Path) -> None:
-        super().__init__(env, tmp)
-        self.starts: list[datetime] = []
-
     @activity.defn(name="run_line")
     async def run_line(self, input: LineInput) -> LineOutcome:
         self.starts.append(activity.info().current_attempt_scheduled_time)
