@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -30,7 +30,16 @@ from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
 from backfill.config import Settings
-from backfill.messages import BatchInput, DemandInput, LineInput, LineOutcome, PauseRequest
+from backfill.ids import scheduler_workflow_id
+from backfill.messages import (
+    BatchInput,
+    DemandInput,
+    LineInput,
+    LineOutcome,
+    PauseRequest,
+    RouteSettings,
+    SchedulerInput,
+)
 from backfill.records import END_MESSAGES
 from backfill.schedulers import signal_demand
 from backfill.store import FileStore
@@ -146,6 +155,24 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         finally:
             h.release.set()
     await env.shutdown()
+
+
+async def start_scheduler(
+    h: Harness, settings: RouteSettings
+) -> WorkflowHandle[RouteSchedulerWorkflow, None]:
+    """The route's scheduler, started with `settings`: the time-skipping server does not skip
+    time after a workflow update, so a test of a gate's timing starts it with the gate set (the
+    api's PUT path is covered on the dev server)."""
+    return await h.client.start_workflow(
+        RouteSchedulerWorkflow.run,
+        SchedulerInput(
+            route_id=h.route,
+            settings=settings,
+            reconcile_seconds=h.settings.scheduler_reconcile_seconds,
+        ),
+        id=scheduler_workflow_id(h.route),
+        task_queue=h.settings.task_queue,
+    )
 
 
 async def start_batch(h: Harness, n: int, window: str) -> tuple[str, int]:

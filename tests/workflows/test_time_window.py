@@ -23,10 +23,16 @@ from backfill import refs
 from backfill.batches import Batch
 from backfill.gates.window import TimeWindow
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import LineInput, LineOutcome, PauseRequest, RouteSettings, SchedulerInput
+from backfill.messages import LineInput, LineOutcome, PauseRequest, RouteSettings
 from backfill.reasons import WaitReason
 from tests.polling import poll_until
-from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
+from tests.workflows.test_expiry import (
+    Harness,
+    harness_worker,
+    start_batch,
+    start_scheduler,
+    time_skipping_env,
+)
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -89,18 +95,7 @@ async def test_a_batch_waits_for_its_window_and_stops_starting_lines_when_it_clo
             "until": "07:00",
         }
     )
-    # Started with the window in its settings: the time-skipping server does not skip time
-    # after a workflow update (the api's PUT path is covered on the dev server).
-    scheduler = await h.client.start_workflow(
-        refs.RouteSchedulerWorkflow.run,
-        SchedulerInput(
-            route_id=h.route,
-            settings=RouteSettings(max_concurrent_lines=1, time_window=window),
-            reconcile_seconds=h.settings.scheduler_reconcile_seconds,
-        ),
-        id=scheduler_workflow_id(h.route),
-        task_queue=h.settings.task_queue,
-    )
+    scheduler = await start_scheduler(h, RouteSettings(max_concurrent_lines=1, time_window=window))
     created_at = local(await h.env.get_current_time())
     assert (created_at.hour, created_at.minute) == (17, 0)
     status = await scheduler.query(refs.RouteSchedulerWorkflow.status)
