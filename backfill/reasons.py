@@ -28,6 +28,7 @@ class WaitReason(StrEnum):
     BACKOFF = "Rate limited · backing off"
     SEATS = "Keeping seats free for live traffic"
     RAMP = "Ramping up after a reopen"
+    MAINTENANCE = "Held for maintenance"
 
     @property
     def legitimate(self) -> bool:

@@ -19,10 +19,11 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from backfill.gates import backoff, live, preempt, ramp, seats, server_load, window
+from backfill.gates import backoff, live, maintenance, preempt, ramp, seats, server_load, window
 from backfill.gates.base import Gate, GateContext, GateEntry, GateSignal
 
 GATES: tuple[GateEntry[Any], ...] = (
+    maintenance.ENTRY,
     window.ENTRY,
     backoff.ENTRY,
     live.ENTRY,

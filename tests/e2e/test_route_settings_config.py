@@ -88,6 +88,7 @@ async def test_settings_from_the_file_read_back_with_their_source(make_stack: Ma
         assert doc["settings"]["max_concurrent_lines"] == stack.cap
         assert doc["sources"] == {
             "max_concurrent_lines": "config",  # the route's own max_concurrent_lines
+            "maintenance": "default",
             "time_window": "default",
             "yield_to_live_traffic": "default",
             "server_load": "default",

@@ -135,6 +135,7 @@ def test_the_window_s_next_edge_is_when_any_later_answer_may_change() -> None:
 
 def test_the_registry_checks_in_order_and_derives_the_settings_fields() -> None:
     assert [g.name for g in GATES] == [
+        "maintenance",
         "time_window",
         "backoff",
         "yield_to_live_traffic",

@@ -64,6 +64,7 @@ def test_every_legitimate_reason_stops_the_clock_and_metrics_unavailable_does_no
         WaitReason.AT_LIMIT,
         WaitReason.OTHERS_TURN,
         WaitReason.BACKOFF,
+        WaitReason.MAINTENANCE,
     ):
         b = batch(route("queued", reason=reason))
         assert waits_legitimately(b), reason
@@ -183,5 +184,6 @@ def test_the_reasons_keep_their_exact_text_and_only_metrics_unavailable_is_not_l
         "Rate limited · backing off",
         "Keeping seats free for live traffic",
         "Ramping up after a reopen",
+        "Held for maintenance",
     ]
     assert [r for r in WaitReason if not r.legitimate] == [WaitReason.METRICS]
