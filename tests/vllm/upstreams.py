@@ -45,6 +45,13 @@ most, LONG_PROMPT in the chat template); vLLM refuses a request whose prompt and
 exceed `--max-model-len`."""
 SEATS = 4
 """`--max-num-seqs` (vLLM) and `max_num_seqs` (simulator): few, so a test can fill them."""
+NICENESS = 19
+"""vLLM's niceness: the lowest priority, so the gateway's processes get the CPU first."""
+LINE_HEARTBEAT_TIMEOUT_S = 30.0
+"""`limits.line_heartbeat_timeout_seconds` of the stacks on vLLM (the shipped default is 7 s):
+beside a CPU vLLM on a loaded 2-core machine the worker's heartbeats can be late by seconds,
+and a line declared lost is requeued and runs again instead of being preempted. No test here
+kills a worker, so the slower loss detection costs nothing."""
 START_TIMEOUT_S = float(os.environ.get("BACKFILL_VLLM_START_TIMEOUT", "600"))
 
 
@@ -116,7 +123,15 @@ class VllmProcess:
         self.port = free_port()
         self.policy = policy
         self.log = log
-        self.argv = vllm_command(venv, model, self.port, policy, seats)
+        # At the lowest CPU priority (`nice -n 19`, inherited by its engine process): on a
+        # 2-core machine vLLM always has work and would otherwise take the CPU the Temporal
+        # server, the worker and the api need to answer heartbeats and queries in time.
+        self.argv = [
+            "nice",
+            "-n",
+            str(NICENESS),
+            *vllm_command(venv, model, self.port, policy, seats),
+        ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -234,8 +249,11 @@ def long_body() -> dict[str, Any]:
 class VllmStack(Stack):
     """tests/e2e/stack.py's stack with its route on a running vLLM (its simulator idle)."""
 
-    def __init__(self, *args: Any, vllm_url: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, *args: Any, vllm_url: str, limits: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        limits = {"line_heartbeat_timeout_seconds": LINE_HEARTBEAT_TIMEOUT_S, **(limits or {})}
+        super().__init__(*args, limits=limits, **kwargs)
         self.vllm_url = vllm_url
 
     def write_config(self) -> None:
