@@ -13,15 +13,15 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.stack import wait_terminal
 from tests.polling import poll_until
 from tests.vllm.preempting import (
     MODEL,
-    STARVED_ON_TWO_CORES,
+    cancel,
     live_stream,
     put_settings,
     tokens_for,
     vllm_stack,
+    wait_ended,
     wait_preempted,
 )
 from tests.vllm.upstreams import SEATS, Upstream
@@ -67,7 +67,7 @@ async def test_batches_of_each_endpoint_complete_against_vllm(
             )
             batches[endpoint] = batch.id
         for endpoint, batch_id in batches.items():
-            done = await wait_terminal(client, batch_id, within=600)
+            done = await wait_ended(client, batch_id, within=600)
             assert done.status == "completed", (endpoint, done)
             assert done.request_counts.completed == n and done.request_counts.failed == 0
             text = (await client.files.content(done.output_file_id)).text
@@ -124,7 +124,6 @@ LINE_SECONDS = 25.0
 steps up to the preemption take about 5 s on a loaded 2-core machine."""
 
 
-@STARVED_ON_TWO_CORES
 async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm: Upstream) -> None:
     """A live request that needs a seat two long batch lines hold ends the youngest line: its
     connection closes, and vLLM stops generating it (its running count drops), so the seat is
@@ -184,8 +183,8 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
                     interval=0.2,
                 )
         finally:
-            await client.batches.cancel(batch.id)
-        await wait_terminal(client, batch.id, within=300)
+            await cancel(client, batch.id)
+        await wait_ended(client, batch.id, within=300)
         await poll_until(
             lambda: vllm.load(http),
             lambda load: load == (0, 0),

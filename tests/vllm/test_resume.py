@@ -22,17 +22,17 @@ import openai
 import pytest
 
 from backfill.streamed_answer import Partial
-from tests.e2e.stack import wait_terminal
 from tests.polling import poll_until
 from tests.vllm.preempting import (
     MODEL,
-    STARVED_ON_TWO_CORES,
+    cancel,
     counted,
     counter,
     live_stream,
     put_settings,
     tokens_for,
     vllm_stack,
+    wait_ended,
     wait_preempted,
 )
 from tests.vllm.upstreams import Upstream, VllmStack
@@ -81,7 +81,6 @@ async def partial(stack: VllmStack, batch_id: str) -> Partial:
     return Partial.model_validate_json(data)
 
 
-@STARVED_ON_TWO_CORES
 async def test_a_line_preempted_three_times_resumes_and_keeps_its_tokens(
     tmp_path: Path, dev_server: Any, vllm: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -145,9 +144,9 @@ async def test_a_line_preempted_three_times_resumes_and_keeps_its_tokens(
                         vllm, http, PROMPTS, prompts + partials[-1].completion_tokens, what
                     )
         except BaseException:
-            await client.batches.cancel(batch.id)
+            await cancel(client, batch.id)
             raise
-        done = await wait_terminal(client, batch.id, within=900)
+        done = await wait_ended(client, batch.id, within=900)
         cache_after = await prefix_cache(vllm, http)
         assert done.status == "completed", done
         assert done.request_counts.completed == 1
