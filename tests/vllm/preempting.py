@@ -58,7 +58,10 @@ async def scheduling(stack: VllmStack, http: httpx.AsyncClient) -> dict[str, Any
     `temporal_unavailable` (the scheduler's query unanswered in time: "Workflow is busy" on a
     loaded machine, seen in a clean-clone run); any other answer fails."""
     url = f"{stack.api_url}/api/v1/platform/deployments/{stack.route_id}/batch-scheduling"
-    resp = await http.get(url, headers=auth(ADMIN))
+    # A connection of its own each time: on a loaded machine more than the api's keep-alive
+    # (uvicorn's 5 s) can pass between two polls, and a kept-alive connection the api closes as
+    # it is reused fails the read ("Server disconnected without sending a response", seen here).
+    resp = await http.get(url, headers={**auth(ADMIN), "Connection": "close"})
     if resp.status_code == 503 and resp.json()["error"]["code"] == "temporal_unavailable":
         return None
     assert resp.status_code == 200, resp.text
