@@ -74,6 +74,11 @@ class PacedBatchWorkflow:
             await scheduler.signal("demand", demand)
 
         while True:
+            # Cleared before any await, as workflows/batch.py does: a line that ends (or a signal
+            # that lands) while this loop reports demand or acks wakes the next wait at once.
+            # Cleared after the reports, the last line's end was lost and the batch slept to its
+            # expiry timer, "finishing" a few ms after expires_at (seen in CI runs).
+            self._dirty = False
             now = workflow.now().timestamp()
             expired = now >= expires_at
             if self._finished == batch.lines and finished_at is None:
@@ -97,7 +102,6 @@ class PacedBatchWorkflow:
                 if wanted != reported:
                     reported = wanted
                     await report(wanted)
-            self._dirty = False
             try:
                 await workflow.wait_condition(
                     lambda: self._dirty, timeout=None if expired else expires_at - now
