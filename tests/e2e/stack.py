@@ -285,11 +285,30 @@ class Stack:
         self.write_config()
         for _ in range(workers):
             self.start_worker()
-        self.api.start(backfill_argv("api"), self.env(), self.tmp / "api.log")
-        await self.wait_healthy()
+        await self.start_api()
         if workers:
             await self.wait_polled()
         return self
+
+    async def start_api(self, tries: int = 3) -> None:
+        """The api on `api_port`, healthy. The port was free when it was picked, but any process
+        may take it before the api binds it (an outgoing connection's source port is any free
+        port: "[Errno 98] address already in use" failed a clean-clone run), so an api that
+        exits on that starts again on another free port, at most `tries` times."""
+        log = self.tmp / "api.log"
+        for attempt in range(1, tries + 1):
+            since = log.stat().st_size if log.exists() else 0
+            self.api.start(backfill_argv("api"), self.env(), log)
+            try:
+                await self.wait_healthy()
+                return
+            except RuntimeError:
+                taken = "address already in use" in log.read_bytes()[since:].decode(
+                    errors="replace"
+                )
+                if not taken or self.api.running or attempt == tries:
+                    raise
+            self.api_port = free_port()
 
     async def wait_polled(self, within: float = 60) -> None:
         """Until a worker polls the stack's task queue for workflow tasks: creating a batch
