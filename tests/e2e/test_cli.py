@@ -17,6 +17,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,9 @@ class Cli:
                 argv, stdin=child, stdout=child, stderr=child, env=env, cwd=cwd
             )
             os.close(child)
-            self.reader = threading.Thread(target=self._read_fd, args=(master,), daemon=True)
+            self.reader = threading.Thread(
+                target=self._read_fd, args=(master, lambda: os.close(master)), daemon=True
+            )
         else:
             self.proc = subprocess.Popen(
                 argv,
@@ -69,13 +72,17 @@ class Cli:
                 env=env,
                 cwd=cwd,
             )
-            assert self.proc.stdout is not None
+            stdout = self.proc.stdout
+            assert stdout is not None
+            # The pipe is closed through its file object, which owns it: an os.close of its
+            # number left the object to close that number again when collected, by then
+            # another child's pipe (EBADF in a later Popen, or worse, its pipe closed).
             self.reader = threading.Thread(
-                target=self._read_fd, args=(self.proc.stdout.fileno(),), daemon=True
+                target=self._read_fd, args=(stdout.fileno(), stdout.close), daemon=True
             )
         self.reader.start()
 
-    def _read_fd(self, fd: int) -> None:
+    def _read_fd(self, fd: int, close: Callable[[], None]) -> None:
         while True:
             try:
                 data = os.read(fd, 65536)
@@ -86,7 +93,7 @@ class Cli:
             with self.lock:
                 self.output += data
         with contextlib.suppress(OSError):
-            os.close(fd)
+            close()
 
     def text(self) -> str:
         """The output so far, without terminal escapes."""
