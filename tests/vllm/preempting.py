@@ -124,9 +124,11 @@ async def cancel(client: openai.AsyncOpenAI, batch_id: str, within: float = 120)
 
 
 async def wait_preempted(
-    stack: VllmStack, http: httpx.AsyncClient, at_least: int, within: float = 60
+    stack: VllmStack, http: httpx.AsyncClient, at_least: int, within: float = 180
 ) -> dict[str, Any]:
-    """The route's status once it counts `at_least` preempted line runs (batches on it now)."""
+    """The route's status once it counts `at_least` preempted line runs (batches on it now).
+    Within 180 s: the status answers 503 while the scheduler's query goes unanswered, and in a
+    CI run it did for the whole of an earlier 60 s."""
     found = await poll_until(
         lambda: scheduling(stack, http),
         lambda d: d is not None and d["status"]["preempted_lines"] >= at_least,
