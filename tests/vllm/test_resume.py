@@ -81,14 +81,6 @@ async def partial(stack: VllmStack, batch_id: str) -> Partial:
     return Partial.model_validate_json(data)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "at load 10-15 on 2 cores its route accounting still failed in 3 of 7 runs after vLLM was "
-        "niced (a line lost at a 30 s heartbeat timeout; reprefill_tokens 80 under the sum at the "
-        "third preemption; a fourth preemption counted): issue 37 stays open"
-    ),
-)
 async def test_a_line_preempted_three_times_resumes_and_keeps_its_tokens(
     tmp_path: Path, dev_server: Any, vllm: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
