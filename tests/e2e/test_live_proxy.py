@@ -400,6 +400,9 @@ async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
             await server.wait_ready_async(timeout=60)
             await stack.wait_healthy(within=30)
             assert (await oa.batches.retrieve(before)).status == "completed"
+            # A create needs the admission workflow's answer: the worker polls again only once
+            # its reconnect back-off lets it (a create before that answers 503, as documented).
+            await stack.wait_polled()
             after = await submit(stack, 5, prefix="after")
             assert (await wait_terminal(oa, after, within=120)).status == "completed"
             for name, values in [
