@@ -62,17 +62,26 @@ chromium:
 	fi; \
 	[ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
 
+# Tests run in PYTEST_WORKERS processes (pytest-xdist, 2 by default: this machine's cores), a
+# module's tests in one process (--dist loadfile: module-scoped stacks are shared as before), and
+# each process has its own dev server and shared stacks. PYTEST_WORKERS=0 runs them in one.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
+# Lint runs alongside the tests (its output is printed after theirs): on 2 cores the tests wait on
+# the dev server much of the time, so the pair takes little more than the tests alone.
+LINT_ALONGSIDE = $(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!
+LINT_REPORT = wait $$lint; lint_rc=$$?; \
+	echo "--- make lint (ran alongside the tests)"; cat .lint.log; rm -f .lint.log; \
+	[ $$lint_rc = 0 ] || echo "lint failed" >&2
+
 # The fast tier (docs/developing.md): lint, types, and the tests without the e2e stack (unit,
 # workflows) except those marked scale (their size is the subject), within 3 minutes. make test
 # is the whole suite and what CI runs.
-# Lint runs alongside the tests (its output is printed after theirs): on 2 cores the tests
-# wait on the dev server much of the time, so the pair takes little more than the tests alone.
 check: venv promtool
-	@$(MAKE) --no-print-directory lint > .check-lint.log 2>&1 & lint=$$!; \
-	$(BIN)/pytest -q --durations=5 -m 'not scale' tests/unit tests/workflows; tests=$$?; \
-	wait $$lint; lint_rc=$$?; \
-	echo "--- make lint (ran alongside the tests)"; cat .check-lint.log; rm -f .check-lint.log; \
-	[ $$lint_rc = 0 ] || echo "make check: lint failed" >&2; \
+	@$(LINT_ALONGSIDE); \
+	$(BIN)/pytest -q $(XDIST) --durations=5 -m 'not scale' tests/unit tests/workflows; tests=$$?; \
+	$(LINT_REPORT); \
 	[ $$tests = 0 ] && [ $$lint_rc = 0 ]
 
 # Random test order (pytest-randomly; the seed is printed, rerun one with --randomly-seed=N).
@@ -81,12 +90,17 @@ check: venv promtool
 # batch input and output, retention, stored bytes) run again on the S3 store against moto's server,
 # after the main run, not alongside it (two runs at once pushed 2 cores into flaky timing).
 # `make test-s3` runs the whole e2e suite on S3 (BACKFILL_TEST_STORE=s3).
-test: lint promtool chromium
-	$(BIN)/pytest -q --durations=15
-	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q --durations=10 -m store tests/e2e
+test: venv promtool chromium
+	@$(LINT_ALONGSIDE); \
+	$(BIN)/pytest -q $(XDIST) --durations=15; tests=$$?; \
+	if [ $$tests = 0 ]; then \
+		BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q $(XDIST) --durations=10 -m store tests/e2e; tests=$$?; \
+	fi; \
+	$(LINT_REPORT); \
+	[ $$tests = 0 ] && [ $$lint_rc = 0 ]
 
 test-s3: venv
-	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q tests/e2e
+	BACKFILL_TEST_STORE=s3 $(BIN)/pytest -q $(XDIST) tests/e2e
 
 fmt: venv
 	$(BIN)/ruff format .
