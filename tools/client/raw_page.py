@@ -94,26 +94,21 @@ class _Scanner:
 
     def members(self) -> Iterator[str]:
         """An object's keys; the caller reads each key's value before asking for the next."""
-        self._expect("{")
-        if self._next() == "}":
-            self.pos += 1
-            return
-        while True:
+        for _ in self._items("{", "}"):
             key = self.value()
             if not isinstance(key, str):
                 raise ValueError(f"expected a key at character {self.pos}")
             self._expect(":")
             yield key
-            if self._next() == ",":
-                self.pos += 1
-                continue
-            self._expect("}")
-            return
 
     def elements(self) -> Iterator[None]:
         """An array's elements; the caller reads each one before asking for the next."""
-        self._expect("[")
-        if self._next() == "]":
+        yield from self._items("[", "]")
+
+    def _items(self, opening: str, closing: str) -> Iterator[None]:
+        """The comma-separated items between `opening` and `closing`, one step each."""
+        self._expect(opening)
+        if self._next() == closing:
             self.pos += 1
             return
         while True:
@@ -121,7 +116,7 @@ class _Scanner:
             if self._next() == ",":
                 self.pos += 1
                 continue
-            self._expect("]")
+            self._expect(closing)
             return
 
     def end(self) -> None:
