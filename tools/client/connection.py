@@ -47,6 +47,14 @@ class Connection:
 
     def extension(self, method: str, path: str, **params: Any) -> dict[str, Any]:
         """A backfill extension endpoint (`path` under the base URL), its JSON answer."""
+        return _json(self._extension_response(method, path, params))
+
+    def extension_bytes(self, method: str, path: str, **params: Any) -> bytes:
+        """A backfill extension endpoint's answer as the server sent it, not decoded: for what
+        must be kept byte for byte (result records)."""
+        return self._extension_response(method, path, params).content
+
+    def _extension_response(self, method: str, path: str, params: dict[str, Any]) -> httpx.Response:
         try:
             resp = self.http.request(method, path, params=params or None)
         except httpx.HTTPError as err:
@@ -57,7 +65,7 @@ class Connection:
             )
         if resp.status_code >= 400:
             raise CommandError(_message(_json(resp), resp.text), 2 if resp.status_code < 500 else 1)
-        return _json(resp)
+        return resp
 
     def close(self) -> None:
         if self._openai is not None:

@@ -23,6 +23,7 @@ from tools.client.app import (
     save_files,
 )
 from tools.client.connection import CommandError, Connection
+from tools.client.raw_page import read_page
 from tools.client.selection import input_lines, output_ids, parse_kinds, to_retry
 from tools.client.watching import TERMINAL, extension
 
@@ -71,20 +72,24 @@ def _download_partial(conn: Connection, batch_id: str, directory: Path) -> int:
         params: dict[str, Any] = {"limit": PARTIAL_PAGE}
         if after:
             params["after"] = after
-        page = conn.extension("GET", f"/batches/{batch_id}/results", **params)
-        records: dict[str, list[str]] = {"output": [], "error": []}
-        for item in page.get("data", []):
-            records[item["file"]].append(json.dumps(item["record"], separators=(",", ":")))
+        body = conn.extension_bytes("GET", f"/batches/{batch_id}/results", **params)
+        try:
+            page = read_page(body)
+        except ValueError as err:
+            raise CommandError(f"The server's results page is not one: {err}", 1) from None
+        records: dict[str, list[bytes]] = {"output": [], "error": []}
+        for kind, record in page.records:  # the committed bytes, as the final files hold them
+            records[kind].append(record)
         for kind, lines in records.items():
             if lines:
-                with paths[kind].open("a") as f:
-                    f.write("".join(line + "\n" for line in lines))
-        new += len(page.get("data", []))
-        after = page["next_after"]
+                with paths[kind].open("ab") as f:
+                    f.write(b"".join(line + b"\n" for line in lines))
+        new += len(page.records)
+        after = page.next_after
         cursor_path.write_text(after + "\n")
-        if not page.get("has_more") or not page.get("data"):
+        if not page.has_more or not page.records:
             break
-    state = "more may come" if page.get("has_more") else "that is all of them"
+    state = "more may come" if page.has_more else "that is all of them"
     out.print(f"{new} new records saved in {directory} ({state})")
     return 0
 
