@@ -122,7 +122,8 @@ def busy_ports(ports: dict[str, tuple[str, int]]) -> str | None:
     moves = " ".join(f"{flag} {free_port(LOOPBACK)}" for flag in taken)
     return (
         f"port(s) already in use: {listed} (another `make run`?). Stop it, or move this "
-        f"stack: backfill dev {moves} (`backfill doctor` follows a moved stack)"
+        f"stack: run `backfill dev` (what `make run` runs) with {moves} (`backfill doctor` "
+        "follows a moved stack)"
     )
 
 
