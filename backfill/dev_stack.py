@@ -78,7 +78,7 @@ def remove(data_dir: Path, pid: int) -> None:
 def running(data_dir: Path) -> DevStack | None:
     """The stack described under data_dir while its supervisor runs, else None."""
     found = _read(path(data_dir))
-    if found is None or not _alive(found.pid):
+    if found is None or not process_alive(found.pid):
         return None
     if found.pid_started is not None and process_started(found.pid) != found.pid_started:
         return None
@@ -92,7 +92,7 @@ def _read(file: Path) -> DevStack | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """The process exists and is not a zombie (a killed supervisor its parent has not reaped)."""
     try:
         os.kill(pid, 0)

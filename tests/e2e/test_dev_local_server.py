@@ -89,9 +89,10 @@ async def start_dev(tmp_path: Path, env: dict[str, str], *flags: str) -> tuple[C
     return dev, f"http://127.0.0.1:{api_port}"
 
 
-async def run_batch(api: str) -> None:
+async def run_batch(api: str, model: str = MODEL) -> None:
+    """Three lines through the openai SDK against `backfill dev`'s api: completed."""
     client = openai.AsyncOpenAI(api_key=DEV_KEY, base_url=f"{api}/v1", max_retries=0)
-    f = await client.files.create(file=("in.jsonl", jsonl(3, model=MODEL)), purpose="batch")
+    f = await client.files.create(file=("in.jsonl", jsonl(3, model=model)), purpose="batch")
     b = await poll_until(  # 503 until the worker answers the admission
         lambda: client.batches.create(
             input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"

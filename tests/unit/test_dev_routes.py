@@ -5,7 +5,8 @@ ports are named with the flags that move them to free ones."""
 
 from __future__ import annotations
 
-import socket
+import http.server
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,11 +31,15 @@ def settings(*routes_of: tuple[str, str]) -> Settings:
 
 @pytest.fixture
 def listening() -> Iterator[int]:
-    """A loopback port something listens on (and answers nothing)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
+    """A loopback port held by an HTTP server that is not a model server (404 to everything)."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 async def test_the_simulator_serves_the_routes_at_its_port_only() -> None:

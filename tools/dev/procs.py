@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from backfill.dev_stack import process_alive
+
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when its parent thread dies (linux/prctl.h)."""
 
@@ -85,18 +87,7 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> 
 
 def pid_alive(pid: int) -> bool:
     """True when a process with this pid exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (not Linux): kill(0) said it exists
-    # Field 3 (after the parenthesised command name) is the state; Z = zombie, X = dead.
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    return process_alive(pid)
 
 
 class Child:
