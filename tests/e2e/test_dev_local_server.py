@@ -25,15 +25,16 @@ from tools.dev.procs import Child, backfill_argv, free_port, pid_alive, wait_for
 MODEL = "tiny"
 
 
-def config(path: Path, server_port: int) -> Path:
-    """A config naming one model, served by the model server on `server_port` only."""
+def config(path: Path, server_port: int, lines: int = 2) -> Path:
+    """A config naming one model, served by the model server on `server_port` only, `lines`
+    at once."""
     lines = [
         "[[models]]",
         f'id = "{MODEL}"',
         "[[models.routes]]",
         'id = "local-vllm"',
         f'base_url = "http://127.0.0.1:{server_port}/v1"',
-        "max_concurrent_lines = 2",
+        f"max_concurrent_lines = {lines}",
         "[[api_keys]]",
         f'sha256 = "{hash_key(DEV_KEY)}"',
         'workspace = "dev"',
@@ -155,8 +156,8 @@ async def test_dev_against_a_temporal_started_by_hand(tmp_path: Path) -> None:
     temporal = DevServer(tmp_path / "t", port=free_port(), ui_port=None, search_attributes={})
     server, server_port = start_model_server(tmp_path)
     temporal.start()
-    env = {
-        "BACKFILL_CONFIG": str(config(tmp_path / "b.toml", server_port)),
+    env = {  # more than 128 lines at once: a Temporal of defaults needs a setting raised
+        "BACKFILL_CONFIG": str(config(tmp_path / "b.toml", server_port, lines=129)),
         "BACKFILL_DATA_DIR": str(tmp_path / "data"),
         "BACKFILL_LOG_LEVEL": "INFO",
     }
@@ -166,6 +167,7 @@ async def test_dev_against_a_temporal_started_by_hand(tmp_path: Path) -> None:
         dev, api = await start_dev(tmp_path, env, "--temporal-address", temporal.address)
         log = dev.log_tail(100_000)
         assert "registered search attribute BackfillWorkspace (Keyword)" in log, log
+        assert "needs history.maximumBufferedEventsBatch raised" in log, log
         await run_batch(api)
 
         # The doctor, with no TEMPORAL_ADDRESS, checks this stack: its Temporal, its worker

@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from backfill import dev_stack
+from backfill.config import Settings
+from backfill.doctor import follow_dev_stack
+from tools.cli import main
 
 
 def stack(pid: int, started: int | None) -> dev_stack.DevStack:
@@ -54,3 +59,24 @@ def test_a_dead_or_reused_pid_is_not_followed(tmp_path: Path) -> None:
 def test_an_unreadable_file_is_not_followed(tmp_path: Path) -> None:
     dev_stack.path(tmp_path).write_text("{not json")
     assert dev_stack.running(tmp_path) is None
+
+
+def test_the_doctor_follows_the_running_stack_unless_told_an_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = os.getpid()
+    dev_stack.write(tmp_path, stack(me, dev_stack.process_started(me)))
+    monkeypatch.delenv("TEMPORAL_ADDRESS", raising=False)
+    followed, found = follow_dev_stack(Settings(data_dir=tmp_path))
+    assert found is not None and followed.temporal_address == "127.0.0.1:7243"
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "10.0.0.5:7233")
+    told, found = follow_dev_stack(Settings(data_dir=tmp_path))
+    assert found is None and told.temporal_address == "10.0.0.5:7233"
+
+
+def test_backfill_dev_refuses_embedded_ports_beside_an_existing_temporal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(["dev", "--temporal-address", "127.0.0.1:7299", "--temporal-port", "7300"])
+    assert rc == 2
+    assert "--temporal-port are the embedded dev server's" in capsys.readouterr().err
