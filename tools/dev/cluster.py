@@ -52,7 +52,13 @@ async def prepare(settings: Settings) -> Prepared:
     out = Prepared()
     client, reached = await temporal(settings)
     if client is None:
-        out.refused.append(reached)
+        embedded = (
+            "or, for a dev server of backfill dev's own, drop --temporal-address and unset "
+            "TEMPORAL_ADDRESS (and temporal_address in the config)"
+        )
+        out.refused.append(
+            Finding("fail", reached.check, reached.said, f"{reached.fix}\n{embedded}")
+        )
         return out
     namespace = settings.temporal_namespace
     try:
