@@ -5,10 +5,15 @@ same upstreams) and answers one line: `ok` (works, or is off on purpose), `warn`
 as probably meant) or `fail` (broken; the line after it says how to fix it). Exit 1 when any
 check failed. Nothing is changed and no secret is printed.
 
-Checks: Temporal reachable; backfill's search attributes registered on the namespace, with the
-exact command for each missing one; each route's upstream answering; each route's server-load
-metrics URL approved (as the reader will check it); the preemption channel configured where a
-route preempts; the webhook key.
+Checks: Temporal reachable and its namespace there; backfill's search attributes registered on
+the namespace, with the exact command for each missing one; a worker polling the task queue;
+each route's upstream answering as a model server that serves the route's model; each route's
+server-load metrics URL approved (as the reader will check it); the preemption channel
+configured where a route preempts; the webhook key.
+
+Where `backfill dev` runs from the same data directory and TEMPORAL_ADDRESS is not set, the
+doctor checks that stack (its Temporal, namespace and task queue, from `backfill.dev_stack`),
+whatever ports it was moved to.
 """
 
 from __future__ import annotations
@@ -21,12 +26,18 @@ from datetime import timedelta
 from typing import Any, Literal
 
 import httpx
-from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.enums.v1 import IndexedValueType, TaskQueueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import (
+    DescribeNamespaceRequest,
+    DescribeTaskQueueRequest,
+    GetSystemInfoRequest,
+)
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from backfill import dev_stack
 from backfill import search_attributes as sa
 from backfill.config import Settings, configured_bases
 from backfill.gates.preempt import ENTRY as PREEMPT
@@ -40,6 +51,8 @@ Level = Literal["ok", "warn", "fail"]
 TIMEOUT_SECONDS = 5.0
 """Bound on each network check."""
 MARK = {"ok": "✓", "warn": "!", "fail": "✗"}
+MAX_MODELS_SHOWN = 5
+"""How many of a server's model ids a finding names when the route's model is not among them."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +111,7 @@ def search_attribute_findings(registered: dict[str, str], namespace: str) -> lis
 
 async def _search_attributes(client: Client, namespace: str) -> list[Finding]:
     try:
-        resp = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=namespace),
-            timeout=timedelta(seconds=TIMEOUT_SECONDS),
-        )
+        registered = await registered_search_attributes(client, namespace)
     except RPCError as err:
         return [
             Finding(
@@ -112,13 +122,13 @@ async def _search_attributes(client: Client, namespace: str) -> list[Finding]:
                 f"{namespace} | grep Backfill",
             )
         ]
-    registered = {name: _type_name(t) for name, t in resp.custom_attributes.items()}
     return search_attribute_findings(registered, namespace)
 
 
-async def _route(
-    http: httpx.AsyncClient, route_id: str, base_url: str, key_env: str | None
+async def route_finding(
+    http: httpx.AsyncClient, model_id: str, route_id: str, base_url: str, key_env: str | None
 ) -> Finding:
+    """The route's upstream answers `GET /models` as a model server and lists `model_id`."""
     check = f"route {route_id}"
     headers = {}
     if key_env:
@@ -150,7 +160,40 @@ async def _route(
         )
     if resp.status_code >= 500:
         return Finding("warn", check, f"{url} answered {resp.status_code}")
-    return Finding("ok", check, f"{base_url} answers ({resp.status_code} to /models)")
+    served = served_models(resp)
+    if served is None:
+        return Finding(
+            "warn",
+            check,
+            f"{url} answered {resp.status_code} without a model list: cannot tell whether it "
+            f"serves {model_id}",
+        )
+    if model_id not in served:
+        shown = ", ".join(served[:MAX_MODELS_SHOWN]) + (
+            ", ..." if len(served) > MAX_MODELS_SHOWN else ""
+        )
+        return Finding(
+            "fail",
+            check,
+            f"{base_url} does not serve model {model_id} (it serves: {shown or 'nothing'}): "
+            "every line would be refused",
+            f"serve it under that name (vLLM: --served-model-name {model_id}), or name the "
+            "model in the config as the server does",
+        )
+    return Finding("ok", check, f"{base_url} serves {model_id}")
+
+
+def served_models(resp: httpx.Response) -> list[str] | None:
+    """The model ids of an OpenAI-style `GET /models` answer, None when it is not one."""
+    if resp.status_code != 200:
+        return None
+    try:
+        data = resp.json().get("data")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
 
 async def _route_settings(client: Client, route_id: str) -> Any | None | Exception:
@@ -177,10 +220,26 @@ async def _route_settings(client: Client, route_id: str) -> Any | None | Excepti
     return status.settings
 
 
+async def _namespace_exists(client: Client, namespace: str) -> bool:
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=namespace),
+            timeout=timedelta(seconds=TIMEOUT_SECONDS),
+        )
+    except RPCError as err:
+        return err.status != RPCStatusCode.NOT_FOUND
+    return True
+
+
 def settings_findings(
-    settings: Settings, route_id: str, route_settings: Any | None | Exception
+    settings: Settings,
+    route_id: str,
+    route_settings: Any | None | Exception,
+    *,
+    preempt_token: bool | None = None,
 ) -> list[Finding]:
-    """The metrics-URL and preemption checks of one route's durable settings."""
+    """The metrics-URL and preemption checks of one route's durable settings; preempt_token:
+    whether the processes have a preemption token (None: whether the settings name one)."""
     check = f"route {route_id} settings"
     if route_settings is None:
         return [Finding("ok", check, "no scheduler yet: the config's values apply at first use")]
@@ -211,13 +270,15 @@ def settings_findings(
                 )
             )
     if PREEMPT.setting(route_settings) is not None:
-        out += _preempt_channel(settings, route_id)
+        if preempt_token is None:
+            preempt_token = bool(settings.preempt_token)
+        out += _preempt_channel(preempt_token, route_id)
     return out or [Finding("ok", check, "no metrics URL to approve; preemption off")]
 
 
-def _preempt_channel(settings: Settings, route_id: str) -> list[Finding]:
+def _preempt_channel(token_set: bool, route_id: str) -> list[Finding]:
     check = f"route {route_id} preemption channel"
-    if not settings.preempt_token:
+    if not token_set:
         return [
             Finding(
                 "fail",
@@ -243,37 +304,117 @@ def webhook_finding(settings: Settings) -> Finding:
     )
 
 
-async def check(settings: Settings) -> list[Finding]:
-    """Every finding about the deployment `settings` describes."""
-    out: list[Finding] = []
-    where = f"{settings.temporal_address} (namespace {settings.temporal_namespace})"
-    client: Client | None = None
+async def _pollers(client: Client, namespace: str, task_queue: str) -> Finding:
+    """A worker polls the task queue for workflow tasks and for activity tasks."""
+    counts: dict[str, int] = {}
+    for name, kind in (
+        ("workflow", TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW),
+        ("activity", TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+    ):
+        try:
+            resp = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=namespace,
+                    task_queue=TaskQueue(name=task_queue),
+                    task_queue_type=kind,
+                ),
+                timeout=timedelta(seconds=TIMEOUT_SECONDS),
+            )
+        except RPCError as err:
+            return Finding(
+                "warn", "worker", f"cannot describe task queue {task_queue} ({err.message})"
+            )
+        counts[name] = len(resp.pollers)
+    if not all(counts.values()):
+        missing = " and ".join(f"{k} tasks" for k, n in counts.items() if not n)
+        return Finding(
+            "fail",
+            "worker",
+            f"no worker polls task queue {task_queue} for {missing}: batches wait",
+            f"start `backfill worker` with the same TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE and "
+            f"BACKFILL_TASK_QUEUE ({task_queue})",
+        )
+    return Finding(
+        "ok",
+        "worker",
+        f"task queue {task_queue} is polled ({counts['workflow']} workflow and "
+        f"{counts['activity']} activity poller(s))",
+    )
+
+
+def follow_dev_stack(settings: Settings) -> tuple[Settings, dev_stack.DevStack | None]:
+    """The settings of the `backfill dev` running from this data directory, when the
+    environment names no Temporal of its own."""
+    if "temporal_address" in settings.model_fields_set:
+        return settings, None
+    stack = dev_stack.running(settings.data_dir)
+    if stack is None:
+        return settings, None
+    update = {
+        "temporal_address": stack.temporal_address,
+        "temporal_namespace": stack.temporal_namespace,
+        "task_queue": stack.task_queue,
+    }
+    return settings.model_copy(update=update), stack
+
+
+async def temporal(settings: Settings, where: str = "") -> tuple[Client | None, Finding]:
+    """A client of the settings' Temporal and namespace, or None with the finding that says why."""
+    where = where or f"{settings.temporal_address} (namespace {settings.temporal_namespace})"
     try:
         client = await asyncio.wait_for(connect(settings), TIMEOUT_SECONDS)
         await client.workflow_service.get_system_info(
             GetSystemInfoRequest(),
             timeout=timedelta(seconds=TIMEOUT_SECONDS),
         )
-        out.append(Finding("ok", "Temporal", f"reachable at {where}"))
     except Exception as err:
-        out.append(
-            Finding(
-                "fail",
-                "Temporal",
-                f"not reachable at {where} ({type(err).__name__}: {err})",
-                "start it, or set TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE (and TLS or "
-                "TEMPORAL_API_KEY) to the cluster's",
-            )
+        return None, Finding(
+            "fail",
+            "Temporal",
+            f"not reachable at {where} ({type(err).__name__}: {err})",
+            "start it, or set TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE (and TLS or "
+            "TEMPORAL_API_KEY) to the cluster's",
         )
-        client = None
+    if not await _namespace_exists(client, settings.temporal_namespace):
+        return None, Finding(
+            "fail",
+            "Temporal",
+            f"namespace {settings.temporal_namespace} does not exist at "
+            f"{settings.temporal_address}",
+            f"temporal operator namespace create --namespace {settings.temporal_namespace} "
+            "(or set TEMPORAL_NAMESPACE to an existing one)",
+        )
+    return client, Finding("ok", "Temporal", f"reachable at {where}")
+
+
+async def registered_search_attributes(client: Client, namespace: str) -> dict[str, str]:
+    """The namespace's custom search attributes, name → type (`Keyword`, ...)."""
+    resp = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace),
+        timeout=timedelta(seconds=TIMEOUT_SECONDS),
+    )
+    return {name: _type_name(t) for name, t in resp.custom_attributes.items()}
+
+
+async def check(settings: Settings) -> list[Finding]:
+    """Every finding about the deployment `settings` describes."""
+    settings, dev = follow_dev_stack(settings)
+    where = f"{settings.temporal_address} (namespace {settings.temporal_namespace})"
+    if dev is not None:
+        where += f": the `backfill dev` running from {settings.data_dir} (pid {dev.pid})"
+    client, reached = await temporal(settings, where)
+    out = [reached]
     if client is not None:
         out += await _search_attributes(client, settings.temporal_namespace)
-    routes = [(r.id, r.base_url, r.api_key_env) for m in settings.models for r in m.routes]
+        out.append(await _pollers(client, settings.temporal_namespace, settings.task_queue))
+    routes = [(m.id, r.id, r.base_url, r.api_key_env) for m in settings.models for r in m.routes]
     async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS, trust_env=False) as http:
-        out += await asyncio.gather(*(_route(http, *r) for r in routes))
+        out += await asyncio.gather(*(route_finding(http, *r) for r in routes))
     if client is not None:
-        for route_id, _, _ in routes:
-            out += settings_findings(settings, route_id, await _route_settings(client, route_id))
+        preempt_token = bool(settings.preempt_token) or (dev is not None and dev.preempt_token_set)
+        for _, route_id, _, _ in routes:
+            found = await _route_settings(client, route_id)
+            out += settings_findings(settings, route_id, found, preempt_token=preempt_token)
     out.append(webhook_finding(settings))
     return out
 

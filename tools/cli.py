@@ -67,14 +67,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dev = sub.add_parser("dev", help="run the dev server, simulator, worker and api (make run)")
-    dev.add_argument("--temporal-port", type=int, default=7233)
-    dev.add_argument("--ui-port", type=int, default=8233)
+    dev.add_argument(
+        "--temporal-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="use this running Temporal instead of starting a dev server (TEMPORAL_ADDRESS set "
+        "does the same); its missing search attributes are registered",
+    )
+    dev.add_argument(
+        "--temporal-port", type=int, default=None, help="the embedded dev server's (7233)"
+    )
+    dev.add_argument("--ui-port", type=int, default=None, help="the embedded dev server's (8233)")
     dev.add_argument(
         "--sim-port",
         type=int,
         default=8100,
-        help="the dev route in backfill.toml uses 8100; with another port, point the route at "
-        "it in a copy of the file (BACKFILL_CONFIG), or dev refuses to start",
+        help="the simulator is started here for the routes whose base_url names this port "
+        "(backfill.toml's demo-sim: 8100); a route at another port of this machine needs its "
+        "model server running",
     )
     dev.add_argument(
         "--api-port", type=int, default=None, help="default: api_port from the settings (8000)"
@@ -214,14 +224,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "dev":
         from tools.dev import runner
+        from tools.dev.devserver import DEFAULT_PORT, DEFAULT_UI_PORT
 
+        embedded_only = [
+            flag
+            for flag, value in (
+                ("--temporal-port", args.temporal_port),
+                ("--ui-port", args.ui_port),
+            )
+            if value is not None
+        ]
+        if args.temporal_address and embedded_only:
+            print(
+                f"backfill dev: {' and '.join(embedded_only)} are the embedded dev server's; "
+                "with --temporal-address none is started",
+                file=sys.stderr,
+            )
+            return 2
         return runner.run(
             settings,
-            temporal_port=args.temporal_port,
-            ui_port=args.ui_port,
+            temporal_port=args.temporal_port or DEFAULT_PORT,
+            ui_port=args.ui_port or DEFAULT_UI_PORT,
             sim_port=args.sim_port,
             api_port=args.api_port,
             worker_metrics_port=args.worker_metrics_port,
+            temporal_address=args.temporal_address,
         )
 
     if args.command == "doctor":

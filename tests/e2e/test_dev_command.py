@@ -9,10 +9,9 @@ import signal
 from pathlib import Path
 
 import httpx
-import openai
 
 from backfill.config import DEV_KEY, hash_key
-from tests.e2e.stack import jsonl, wait_terminal
+from tests.e2e.test_dev_local_server import run_batch
 from tests.polling import poll_until
 from tools.dev.procs import Child, backfill_argv, free_port, pid_alive, port_in_use
 
@@ -86,19 +85,7 @@ async def test_backfill_dev_starts_runs_a_batch_and_stops_cleanly(tmp_path: Path
             what="the 'backfill is running' banner",
         )
         # The whole system works: a batch runs through the simulator it started.
-        client = openai.AsyncOpenAI(api_key=KEY, base_url=f"{api}/v1", max_retries=0)
-        f = await client.files.create(file=("in.jsonl", jsonl(3)), purpose="batch")
-        b = await poll_until(  # 503 until the worker it started answers the admission
-            lambda: client.batches.create(
-                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-            ),
-            timeout=60,
-            what="the batch admitted",
-            interval=0.5,
-            ignore=(openai.InternalServerError,),
-        )
-        b = await wait_terminal(client, b.id, within=120)
-        assert b.status == "completed" and b.request_counts.completed == 3, b
+        await run_batch(api, model="demo")
         children = [int(p) for p in re.findall(r"started \w+ \(pid (\d+)\)", log.read_text())]
         assert len(children) == 3, log.read_text()[-3000:]
 

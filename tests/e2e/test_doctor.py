@@ -1,6 +1,8 @@
 """`backfill doctor` against real deployments: a namespace registered before the sixth search
-attribute existed (the doctor names it and the command that adds it; that command, run, makes
-the doctor green), and a fresh `backfill dev` on moved ports (every check green)."""
+attribute existed, no worker, and a route whose server does not serve its model (the doctor
+names each, and the command that adds the attribute; that command, run, fixes that check), and
+a fresh `backfill dev` on moved ports, which the doctor follows without being told (every check
+green)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-test-doctor"
 
 
-def config(path: Path, sim_base_url: str) -> Path:
+def config(path: Path, sim_base_url: str, *, unserved: str | None = None) -> Path:
+    """One route to the simulator for model demo; with `unserved`, a second model of that name
+    routed to the same simulator, which does not serve it."""
+    more = []
+    if unserved is not None:
+        more = ["[[models]]", f'id = "{unserved}"', "[[models.routes]]"]
+        more += [f'id = "{unserved}-sim"', f'base_url = "{sim_base_url}"']
     path.write_text(
         "\n".join(
             [
@@ -38,6 +46,7 @@ def config(path: Path, sim_base_url: str) -> Path:
                 "[[models.routes]]",
                 'id = "doctor-sim"',
                 f'base_url = "{sim_base_url}"',
+                *more,
                 "[[api_keys]]",
                 f'sha256 = "{hash_key(KEY)}"',
                 'workspace = "dev"',
@@ -70,7 +79,7 @@ async def test_a_namespace_missing_a_search_attribute(tmp_path: Path) -> None:
     try:
         await server.wait_ready_async(timeout=60)
         env = {
-            "BACKFILL_CONFIG": str(config(tmp_path / "b.toml", sim.base_url)),
+            "BACKFILL_CONFIG": str(config(tmp_path / "b.toml", sim.base_url, unserved="ghost")),
             "BACKFILL_DATA_DIR": str(tmp_path / "data"),
             "TEMPORAL_ADDRESS": server.address,
             "TEMPORAL_NAMESPACE": server.namespace,
@@ -84,8 +93,14 @@ async def test_a_namespace_missing_a_search_attribute(tmp_path: Path) -> None:
         assert "✗ search attributes: BackfillRetryOf (Keyword) is not registered" in out, out
         assert f"fix: {command}" in out, out
         assert f"✓ Temporal: reachable at {server.address}" in out, out
-        assert "✓ route doctor-sim:" in out, out
-        assert out.count("✗") == 1, out
+        assert f"✓ route doctor-sim: {sim.base_url} serves demo" in out, out
+        # A model id the route's server does not serve: every line would be refused.
+        assert (
+            f"✗ route ghost-sim: {sim.base_url} does not serve model ghost (it serves: demo)" in out
+        )
+        # Nothing polls the task queue: batches would wait.
+        assert "✗ worker: no worker polls task queue backfill" in out, out
+        assert out.count("✗") == 3, out
 
         # Meanwhile the api answers a create that needs the attribute (a retry) with a 503 that
         # names it (api/errors.py): this server's refusal is one the api recognises.
@@ -106,12 +121,12 @@ async def test_a_namespace_missing_a_search_attribute(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         rc, out = await poll_until(
             lambda: doctor(env),
-            lambda r: r[0] == 0,
+            lambda r: f"✓ search attributes: all {len(ALL)} registered" in r[1],
             timeout=60,
-            what="the doctor to pass once the attribute is added",
+            what="the doctor to pass the search attributes once the attribute is added",
             interval=1,
         )
-        assert f"✓ search attributes: all {len(ALL)} registered" in out and "✗" not in out, out
+        assert out.count("✗") == 2, out  # the worker and the unserved model remain
     finally:
         await asyncio.to_thread(server.stop)
         await sim.stop()
@@ -148,8 +163,11 @@ async def test_a_fresh_dev_stack_on_moved_ports_is_all_green(tmp_path: Path) -> 
                 ignore=(httpx.HTTPError,),
             )
         assert "gateway_" in r.text
-        rc, out = await doctor({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{ports['temporal']}"})
+        # No TEMPORAL_ADDRESS: the doctor finds the moved stack (data_dir/dev-stack.json).
+        rc, out = await doctor(env)
         assert rc == 0, out
+        assert f"✓ Temporal: reachable at 127.0.0.1:{ports['temporal']}" in out, out
+        assert "✓ worker: task queue backfill is polled" in out, out
         assert "✗" not in out and "!" not in out.replace("fix:", ""), out
         assert "All checks passed" in out, out
     finally:

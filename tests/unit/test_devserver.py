@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -223,6 +225,51 @@ def test_child_env_overlay_and_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "vars 1 None" in wait_for_text(log, "vars")
     assert child.kill() == -signal.SIGKILL
     assert child.returncode == -signal.SIGKILL and not child.running
+
+
+def test_a_child_dies_with_its_parent_however_the_parent_dies(tmp_path: Path) -> None:
+    """`Child(die_with_parent=True)`: SIGKILL its parent (no cleanup runs) and the kernel kills
+    it; without the flag it lives on, an orphan."""
+    pids = {}
+    for flag in (True, False):
+        log = tmp_path / f"parent-{flag}.log"
+        code = (
+            "import time; from tools.dev.procs import Child; "
+            f"c = Child('sleeper', die_with_parent={flag}, kill_at_exit=False); "
+            "c.start(['sleep', '60']); print('child', c.pid, flush=True); time.sleep(60)"
+        )
+        parent = Child(f"parent-{flag}")
+        parent.start([PY, "-c", code], env={"PYTHONPATH": str(REPO)}, log_path=log)
+        pids[flag] = int(wait_for_text(log, "child", timeout=30).split()[1])
+        assert parent.pid is not None
+        os.kill(parent.pid, signal.SIGKILL)  # the parent alone: its child has a group of its own
+        parent.wait(10)
+    try:
+        deadline = time.monotonic() + 5
+        while pid_alive(pids[True]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(pids[True])
+        assert pid_alive(pids[False])  # what the flag prevents
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[False], signal.SIGKILL)
+
+
+def test_die_with_parent_needs_the_main_thread() -> None:
+    """The parent-death signal fires when the thread that forked ends: a worker thread's child
+    would die with the thread, so it is refused."""
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            Child("x", die_with_parent=True).start(["true"])
+        except RuntimeError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "main thread" in str(errors[0])
 
 
 def test_child_exit_status(tmp_path: Path) -> None:

@@ -109,10 +109,11 @@ class DevServer:
         log_level: str = "warn",
         log_name: str = "temporal-server.log",
         extra_args: Iterable[str] = (),
+        die_with_parent: bool = False,
     ) -> None:
         """search_attributes None means all of backfill.search_attributes.ALL ({} for none);
         dynamic_config is {key: value} (values JSON-encoded) or raw "KEY=JSON" strings; ui_port
-        None runs headless."""
+        None runs headless; die_with_parent as for `Child`."""
         self.data_dir = Path(data_dir)
         self.port = port
         self.ui_port = ui_port
@@ -134,7 +135,7 @@ class DevServer:
         self.log_level = log_level
         self.log_path = self.data_dir / log_name
         self.extra_args = list(extra_args)
-        self._child = Child("temporal")
+        self._child = Child("temporal", die_with_parent=die_with_parent)
 
     def __repr__(self) -> str:
         return f"DevServer(address={self.address!r}, pid={self.pid}, db={self.db_path})"

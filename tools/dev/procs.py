@@ -6,21 +6,47 @@ the real api, worker and simulator as processes (and SIGKILL the worker to test 
 Every child gets its own session (and so its own process group): a terminal Ctrl-C reaches only
 the supervisor, which then stops the children in order, instead of every process racing to
 shut down at once. Signals go to the whole group, so grandchildren are not left behind.
+
+A child started with `die_with_parent` is SIGKILLed by the kernel when the thread that started
+it dies (Linux's parent-death signal, set between fork and exec and kept across exec, so it
+holds for the Go `temporal` binary too): a supervisor that is SIGKILLed or OOM-killed, which
+runs no cleanup, leaves no child behind holding its ports.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
+
+from backfill.dev_stack import process_alive
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when its parent thread dies (linux/prctl.h)."""
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """A `preexec_fn`: in the forked child, ask for SIGKILL when the parent dies; if the parent
+    died already (the child was reparented before the call), die now."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: nothing to load after it
+
+    def preexec() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            os._exit(126)  # refuse to run a child that would outlive us
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 def backfill_argv(subcommand: str, *args: str) -> list[str]:
@@ -61,18 +87,7 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> 
 
 def pid_alive(pid: int) -> bool:
     """True when a process with this pid exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (not Linux): kill(0) said it exists
-    # Field 3 (after the parenthesised command name) is the state; Z = zombie, X = dead.
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    return process_alive(pid)
 
 
 class Child:
@@ -82,11 +97,18 @@ class Child:
     environment, a None value removes that variable; log_path None means the child inherits
     stdout/stderr, otherwise both are appended to that file. `stop()` sends SIGTERM to the
     group, waits, then SIGKILLs it.
-    A child still running when this interpreter exits is killed (kill_at_exit).
+    A child still running when this interpreter exits is killed (kill_at_exit); with
+    die_with_parent (Linux only, started from the main thread) the kernel kills it when this
+    process dies in any way, SIGKILL included.
     """
 
-    def __init__(self, name: str, *, kill_at_exit: bool = True) -> None:
+    def __init__(
+        self, name: str, *, kill_at_exit: bool = True, die_with_parent: bool = False
+    ) -> None:
+        if die_with_parent and not sys.platform.startswith("linux"):
+            raise ValueError("die_with_parent needs Linux's PR_SET_PDEATHSIG")
         self.name = name
+        self.die_with_parent = die_with_parent
         self.argv: list[str] = []
         self.log_path: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -140,6 +162,15 @@ class Child:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             out = self._log = open(log_path, "ab")  # closed in stop()/kill()
         self._swept = False
+        preexec: Callable[[], None] | None = None
+        if self.die_with_parent:
+            # The signal fires when the *thread* that forked dies: only the main thread lives
+            # as long as the process.
+            if threading.current_thread() is not threading.main_thread():
+                raise RuntimeError(
+                    f"{self.name}: die_with_parent children start from the main thread"
+                )
+            preexec = _die_with(os.getpid())
         try:
             self._proc = subprocess.Popen(
                 self.argv,
@@ -149,6 +180,7 @@ class Child:
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,
+                preexec_fn=preexec,
             )
         except BaseException:
             self._close_log()
