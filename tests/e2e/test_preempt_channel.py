@@ -65,6 +65,17 @@ async def post(stack: Stack, body: Any) -> int:
     return r.status_code
 
 
+async def test_the_token_itself_or_a_replayed_report_is_refused(stack: Stack) -> None:
+    """The worker takes signed reports only (the token never travels), each once."""
+    body = json.dumps(count(stack, process="replayer", live=1)).encode()
+    async with httpx.AsyncClient(timeout=10) as http:
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await http.post(channel(stack), content=body, headers=bearer)).status_code == 401
+        signed = sign(TOKEN, PATH, body)
+        assert (await http.post(channel(stack), content=body, headers=signed)).status_code == 204
+        assert (await http.post(channel(stack), content=body, headers=signed)).status_code == 409
+
+
 async def test_a_report_cannot_set_a_routes_policy(stack: Stack) -> None:
     """The route has seat-aware admission but preemption off; a report claiming a policy with
     no shared seat must not end its running lines."""

@@ -89,18 +89,31 @@ def test_a_signature_is_checked_whole() -> None:
         assert verified_at(TOKEN, PATH, body, timestamp, signature, 1000) is None
 
 
+class Wire:
+    """What a sender puts on the wire, each request answered by a worker's channel."""
+
+    def __init__(self, ch: PreemptChannel) -> None:
+        self.ch = ch
+        self.requests: list[httpx.Request] = []
+        self.statuses: list[int] = []
+
+    async def take(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        self.statuses.append(handle(self.ch, request.headers, request.content, request.url.path))
+        return httpx.Response(self.statuses[-1])
+
+    def assert_no_token(self) -> None:
+        assert self.requests
+        for request in self.requests:
+            raw = b"".join(k + b": " + v for k, v in request.headers.raw) + request.content
+            assert TOKEN.encode() not in raw
+            assert "authorization" not in request.headers
+
+
 async def test_the_api_sends_no_token_and_a_signature_the_worker_takes() -> None:
     """Every byte the api's sender puts on the wire, captured: no token, in any header or the
     body; and the worker's channel takes the report as sent."""
-    captured: list[httpx.Request] = []
-    _, ch = channel()
-    statuses: list[int] = []
-
-    async def worker(request: httpx.Request) -> httpx.Response:
-        captured.append(request)
-        statuses.append(handle(ch, request.headers, request.content, request.url.path))
-        return httpx.Response(statuses[-1])
-
+    wire = Wire(channel()[1])
     sender = PreemptSender(
         LiveTraffic(["r1"]),
         SlowLink(),  # type: ignore[arg-type]
@@ -108,32 +121,21 @@ async def test_the_api_sends_no_token_and_a_signature_the_worker_takes() -> None
         ["http://worker"],
         TOKEN,
         "api-1",
-        transport=httpx.MockTransport(worker),
+        transport=httpx.MockTransport(wire.take),
     )
     sender.start()
     try:
         async with asyncio.timeout(5):
-            while len(captured) < 2:  # the first report and a keep-alive
+            while len(wire.requests) < 2:  # the first report and a keep-alive
                 await asyncio.sleep(0.05)
     finally:
         await sender.stop()
-    for request in captured:
-        wire = b"".join(k + b": " + v for k, v in request.headers.raw) + request.content
-        assert TOKEN.encode() not in wire
-        assert "authorization" not in request.headers
-    assert set(statuses) == {204}
+    wire.assert_no_token()
+    assert set(wire.statuses) == {204}
 
 
 async def test_a_worker_sends_its_lines_with_no_token() -> None:
-    captured: list[httpx.Request] = []
-    _, ch = channel()
-    statuses: list[int] = []
-
-    async def peer(request: httpx.Request) -> httpx.Response:
-        captured.append(request)
-        statuses.append(handle(ch, request.headers, request.content, request.url.path))
-        return httpx.Response(statuses[-1])
-
+    wire = Wire(channel()[1])
     board = PreemptBoard(worker="B")
     sender = PeerSender(
         None,  # type: ignore[arg-type]  # no look at the task queue: the peer is set below
@@ -142,18 +144,16 @@ async def test_a_worker_sends_its_lines_with_no_token() -> None:
         own_url="http://10.0.0.2:9464",
         task_queue="tq",
         token=TOKEN,
-        transport=httpx.MockTransport(peer),
+        transport=httpx.MockTransport(wire.take),
     )
-    sender._http = httpx.AsyncClient(transport=httpx.MockTransport(peer))
+    sender._http = httpx.AsyncClient(transport=httpx.MockTransport(wire.take))
     sender.peers = ["http://10.0.0.1:9464"]
     try:
         await sender._send("r1")
     finally:
         await sender._http.aclose()
-    [request] = captured
-    wire = b"".join(k + b": " + v for k, v in request.headers.raw) + request.content
-    assert TOKEN.encode() not in wire and "authorization" not in request.headers
-    assert statuses == [204]
+    wire.assert_no_token()
+    assert wire.statuses == [204]
 
 
 def pollers_service(*identities: str) -> Any:
