@@ -40,7 +40,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from backfill.gates.preempt import PreemptPolicy, excess, held_back, lines_to_preempt, may_send
-from backfill.metrics import BATCH_SEATS_HELD_BACK, PREEMPT_ON, REPORTING_PROCESSES
+from backfill.metrics import (
+    BATCH_SEATS_HELD_BACK,
+    PREEMPT_ON,
+    PREEMPT_PEER_REPORTS_DROPPED,
+    REPORTING_PROCESSES,
+)
 
 REPORT_TTL = 5.0
 """Seconds an api process's report counts without being renewed (they renew every second while
@@ -55,8 +60,12 @@ ADJUST_EVERY = 1.0
 """Seconds between two changes of the seats held back for the live-latency target."""
 MAX_PROCESSES = 256
 """Api processes a route's counts are kept for at once; a report from one more is dropped."""
-MAX_PEERS = 256
-"""Other workers a route's lines are kept for at once; a report from one more is dropped."""
+MAX_PEERS = 64
+"""Other workers a route's lines are kept for at once; a report from one more is dropped
+(`BACKFILL_PREEMPT_MAX_PEERS`)."""
+MAX_PEER_LINES = 8192
+"""Other workers' lines a route keeps at once, all together; a report that would take it beyond
+is dropped (`BACKFILL_PREEMPT_MAX_PEER_LINES`): each preemption ranks them all."""
 RATE_WEIGHT = 0.2
 """Weight of the newest completed line in a route's tokens-per-second estimate."""
 
@@ -126,7 +135,13 @@ class PreemptBoard:
         on_lines: Callable[[str], None] | None = None,
         wall: Callable[[], float] = time.time,
         worker: str = "",
+        max_peers: int = MAX_PEERS,
+        max_peer_lines: int = MAX_PEER_LINES,
     ) -> None:
+        self.max_peers = max_peers
+        """Other workers whose lines a route keeps (`MAX_PEERS`)."""
+        self.max_peer_lines = max_peer_lines
+        """Other workers' lines a route keeps, all together (`MAX_PEER_LINES`)."""
         self.on_lines = on_lines
         """Called with the route whenever this worker's lines upstream on it change."""
         self._clock = clock
@@ -182,11 +197,18 @@ class PreemptBoard:
         whether it may still be preempted; `started_at`: when each went upstream, in unix
         seconds by that worker's clock, else placed by its age on arrival, as a worker of 0.2.0
         reports); returns how many of this worker's lines were told to stop. Workers that
-        stopped reporting are forgotten; one beyond `MAX_PEERS` is not kept."""
+        stopped reporting are forgotten; a report from one beyond `max_peers`, or that would
+        take the route's other workers' lines beyond `max_peer_lines`, is not kept (the
+        worker's earlier report is kept until it expires)."""
         r = self._route(route)
         now = self._clock()
         r.peers = {w: p for w, p in r.peers.items() if now - p.at < REPORT_TTL}
-        if worker not in r.peers and len(r.peers) >= MAX_PEERS:
+        if worker not in r.peers and len(r.peers) >= self.max_peers:
+            PREEMPT_PEER_REPORTS_DROPPED.labels(route, "peers").inc()
+            return 0
+        others = sum(len(p.started) for w, p in r.peers.items() if w != worker)
+        if others + len(lines) > self.max_peer_lines:
+            PREEMPT_PEER_REPORTS_DROPPED.labels(route, "lines").inc()
             return 0
         if started_at is None:
             wall = self._wall()

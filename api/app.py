@@ -40,6 +40,7 @@ from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints, tracing
 from backfill.config import Settings, configured_bases
 from backfill.load_reader import ServerLoadReader
+from backfill.preempt_peers import parse_networks
 from backfill.store import open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
@@ -166,6 +167,7 @@ def preempt_sender(
         process,
         task_queue=settings.task_queue,
         poller=poller,
+        networks=parse_networks(settings.preempt_networks),
     )
     sender.start()
     return sender

@@ -1,16 +1,17 @@
 """Sends this api process's live counts straight to the workers, for preemptive yield.
 
 A route whose `preempt` setting is on needs its batch lines ended within tens of milliseconds of a
-live arrival; a Temporal signal through the route scheduler and the batch to the line activity
-takes hundreds of milliseconds or more (docs/decisions/0023). So each api process POSTs the
-route's live count to every worker's HTTP server (`BACKFILL_PREEMPT_WORKER_URLS`, bearer
-`BACKFILL_PREEMPT_TOKEN`) at every change, and once a second as a keep-alive (a worker forgets a
-count not renewed in 5 s). Which routes have it on comes from the scheduler's `live_gate` query
-(no history, through the process's one `api.route_poller.RoutePoller`), re-read every
-`POLICY_TTL` seconds by a task of its own, so a live arrival's
-report never waits behind a Temporal query. Only counts are sent: each worker reads the route's
-policy from the scheduler itself. Temporal or a worker being down never
-affects live traffic: failures are logged and the next change or tick tries again.
+live arrival; a Temporal signal through the route scheduler and the batch to the line activity takes
+hundreds of milliseconds or more (docs/decisions/0023). So each api process POSTs the route's live
+count to every worker's HTTP server (`BACKFILL_PREEMPT_WORKER_URLS` and those found on the task
+queue inside `BACKFILL_PREEMPT_NETWORKS`; each report signed with `BACKFILL_PREEMPT_TOKEN`, which is
+never sent: `backfill.preempt_signing`) at every change, and once a second as a keep-alive (a worker
+forgets a count not renewed in 5 s). Which routes have it on comes from the scheduler's `live_gate`
+query (no history, through the process's one `api.route_poller.RoutePoller`), re-read every
+`POLICY_TTL` seconds by a task of its own, so a live arrival's report never waits behind a Temporal
+query. Only counts are sent: each worker reads the route's policy from the scheduler itself.
+Temporal or a worker being down never affects live traffic: failures are counted and logged at
+warning (`backfill.preempt_failures`), and the next change or tick tries again.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from backfill.background import Background, woken
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import LiveCountReport
 from backfill.metrics import PREEMPT_WORKERS
-from backfill.preempt_peers import find_workers
+from backfill.preempt_failures import SendFailures
+from backfill.preempt_peers import DEFAULT_PREEMPT_NETWORKS, Network, find_workers, parse_networks
 from backfill.preempt_policy import POLICY_TTL
+from backfill.preempt_signing import sign
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ class PreemptSender:
         transport: httpx.AsyncBaseTransport | None = None,
         task_queue: str | None = None,
         poller: RoutePoller | None = None,
+        networks: list[Network] | None = None,
     ) -> None:
         self.live = live
         self.link = link
@@ -67,7 +71,11 @@ class PreemptSender:
         """The workers whose last report was taken (204)."""
         self.process = process
         self._transport = transport
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._token = token
+        """The key reports are signed with (never sent)."""
+        self._networks = networks or parse_networks(DEFAULT_PREEMPT_NETWORKS)
+        """Where a worker found on the task queue may be (`BACKFILL_PREEMPT_NETWORKS`)."""
+        self._failures = SendFailures("live", log)
         self._policies: dict[str, PreemptPolicy | None] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -129,7 +137,6 @@ class PreemptSender:
 
     async def _post(self, worker: str, routes: set[str]) -> None:
         """Each route's count, as it is when sent, to one worker; then whatever came meanwhile."""
-        headers = {**self._headers, "Content-Type": "application/json"}
         while routes:
             for route in sorted(routes):
                 assert self._http is not None
@@ -139,17 +146,17 @@ class PreemptSender:
                     live=self.live.count(route),
                     ttft_ms=self.live.recent_ttft_ms(route),
                 )
+                body = report.model_dump_json().encode()
+                headers = {**sign(self._token, PATH, body), "Content-Type": "application/json"}
                 try:
-                    resp = await self._http.post(
-                        worker + PATH, content=report.model_dump_json().encode(), headers=headers
-                    )
+                    resp = await self._http.post(worker + PATH, content=body, headers=headers)
                     if resp.status_code != 204:
-                        log.warning("worker %s refused a live count (%d)", worker, resp.status_code)
+                        self._failures.failed(worker, "refused", f"HTTP {resp.status_code}")
                         self.reached.discard(worker)
                     else:
                         self.reached.add(worker)
                 except httpx.HTTPError as err:
-                    log.debug("live count not sent to %s: %s", worker, err)
+                    self._failures.failed(worker, "unreachable", repr(err))
                     self.reached.discard(worker)
             routes = self._behind.pop(worker, set())
 
@@ -172,7 +179,7 @@ class PreemptSender:
         if self._task_queue is None:
             return
         try:
-            found = await find_workers(self.link.client(), self._task_queue)
+            found = await find_workers(self.link.client(), self._task_queue, self._networks)
         except Exception as err:  # Temporal down or slow: keep the workers we had
             log.debug("preemption workers not looked up: %s", err)
             return

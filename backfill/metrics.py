@@ -67,6 +67,25 @@ PREEMPT_WORKERS = Gauge(
     "api process.",
     ["state"],
 )
+PREEMPT_SEND_FAILURES = Counter(
+    "gateway_preempt_send_failures_total",
+    "Reports on preemptive yield's channel that did not reach a worker (path=live: an api "
+    "process's live count; path=lines: a worker's lines to another; reason=unreachable: no "
+    "answer in time, reason=refused: answered other than 204, e.g. 401 for a wrong token).",
+    ["path", "reason"],
+)
+PREEMPT_ADDRESSES_IGNORED = Counter(
+    "gateway_preempt_addresses_ignored_total",
+    "Channel addresses found in task-queue poller identities and not used: outside "
+    "BACKFILL_PREEMPT_NETWORKS, or not an IP address (counted at each look).",
+)
+PREEMPT_PEER_REPORTS_DROPPED = Counter(
+    "gateway_preempt_peer_reports_dropped_total",
+    "Other workers' lines reports this worker did not keep: reason=peers (the route already "
+    "holds BACKFILL_PREEMPT_MAX_PEERS workers), reason=lines (they would take the route's other "
+    "workers' lines beyond BACKFILL_PREEMPT_MAX_PEER_LINES).",
+    ["route", "reason"],
+)
 WASTED_TOKENS = Counter(
     "gateway_batch_wasted_tokens_total",
     "Tokens preempted batch lines had generated and threw away: 0 for a line that keeps its "

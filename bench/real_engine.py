@@ -282,7 +282,11 @@ async def gateway(url: str, cfg: Config) -> AsyncIterator[Any]:
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         async with dev_server(Path(tmp)) as server:
             stack = VllmStack(
-                Path(tmp), server.address, vllm_url=url, cap=cfg.seats, preempt_token="bench"
+                Path(tmp),
+                server.address,
+                vllm_url=url,
+                cap=cfg.seats,
+                preempt_token="bench-" + "b" * 32,
             )
             stack.extra_env["GATEWAY_LOCAL_UPSTREAMS"] = f"{url}/v1"
             async with stack.running():

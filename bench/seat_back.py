@@ -34,7 +34,7 @@ SETTINGS = {
     "preempt": {"max_preemptions": 100},
 }
 CHAT = "/v1/chat/completions"
-TOKEN = "bench-preempt-token"
+TOKEN = "bench-preempt-token-" + "b" * 32
 
 
 def sim_config() -> SimConfig:

@@ -553,7 +553,7 @@ async def environment(
             stack.sim = SimServer(workload.sim_config(), port=free_port())
             stack.route_sims = {route: stack.sim for route in stack.routes}
             stack.extra_env["GATEWAY_LOCAL_UPSTREAMS"] = stack.sim.base_url
-            stack.extra_env["BACKFILL_PREEMPT_TOKEN"] = secrets.token_hex(16)
+            stack.extra_env["BACKFILL_PREEMPT_TOKEN"] = secrets.token_hex(32)
             try:
                 await stack.sim.start()
                 stack.write_config()

@@ -222,7 +222,12 @@ async def serve(settings: Settings) -> None:
     if settings.preempt_token and runs_activities(settings.worker_role):
         routes = [r.id for m in settings.models for r in m.routes]
         held_back = HeldBackReporter(client).start()
-        board = PreemptBoard(on_held_back=held_back.changed, worker=held_back.worker)
+        board = PreemptBoard(
+            on_held_back=held_back.changed,
+            worker=held_back.worker,
+            max_peers=settings.preempt_max_peers,
+            max_peer_lines=settings.preempt_max_peer_lines,
+        )
         policies = PolicyReader(client, board, routes).start()
         loop = asyncio.get_running_loop()
         channel = PreemptChannel(
@@ -252,6 +257,7 @@ async def serve(settings: Settings) -> None:
             own_url=own_url,
             task_queue=settings.task_queue,
             token=settings.preempt_token or "",
+            networks=preempt_peers.parse_networks(settings.preempt_networks),
         ).start()
         board.on_lines = peers.changed
     async with running_worker(client, settings, preempt=board, identity=identity):

@@ -9,28 +9,40 @@ Prometheus text format 0.0.4 and their names do not overlap (`gateway_*` vs `tem
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import threading
+import time
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER
 from worker.preempt_channel import MAX_BODY, PreemptChannel
 
 log = logging.getLogger(__name__)
 
 SDK_FETCH_TIMEOUT = 2.0
 """Seconds to read the SDK's own endpoint on loopback while answering a scrape."""
+REQUEST_DEADLINE = 5.0
+"""Seconds a connection has for each whole request, head and body, counted from when the server
+starts waiting for it (the connection accepted, or the previous answer sent); past it the
+connection is closed. A deadline per request, not per read: a client trickling a byte at a time
+keeps a thread no longer than one that sends nothing."""
 SOCKET_TIMEOUT = 5.0
-"""Seconds a connection may stay silent (mid-request, or idle between keep-alive requests)
-before the server closes it: a slow or stalled client does not keep a thread."""
-MAX_CONNECTIONS = 32
-"""Connections served at once (a thread each); one more is closed at once. Scrapes and the api
-processes' live counts need a handful: the limit keeps a flood of connections from taking the
-threads and memory of the process that runs the batch lines."""
+"""Seconds each answer may take to be sent (a client that does not read it is cut)."""
+MAX_CONNECTIONS = 64
+"""Connections served at once (a thread each); one more is closed at once. Scrapes, the api
+processes' live counts and the other workers' lines need a few each: the limit keeps a flood of
+connections from taking the threads and memory of the process that runs the batch lines."""
+MAX_CONNECTIONS_PER_CLIENT = 16
+"""Connections served at once from one address; one more from it is closed at once, so one
+client cannot take the slots every other one needs (an api process or a scrape holds one,
+another worker one per route it reports on at once)."""
 BACKLOG = 128
 """Connections the kernel queues, in order, until the server's thread accepts them (then each is
 served, or closed at once beyond `MAX_CONNECTIONS`). socketserver's default is 5: while the
@@ -47,31 +59,79 @@ def sdk_metrics_bind() -> str:
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
-    """A `ThreadingHTTPServer` that serves at most `limit` connections at once and closes one
-    more at once (never kept waiting for a slot: that would hold the client waiting)."""
+    """A `ThreadingHTTPServer` that serves at most `limit` connections at once, and at most
+    `per_client` from one address, and closes one more at once (never kept waiting for a slot:
+    that would hold the client waiting)."""
 
     daemon_threads = True
     request_queue_size = BACKLOG
 
-    def __init__(self, address: tuple[str, int], handler: type, limit: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type,
+        limit: int,
+        per_client: int = MAX_CONNECTIONS_PER_CLIENT,
+    ) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(limit)
+        self._per_client = per_client
+        self._clients: dict[str, int] = {}
+        """Connections being served, by client address (none at 0: the dict holds those
+        connected now only)."""
+        self._lock = threading.Lock()
+
+    def _take(self, client: str) -> bool:
+        with self._lock:
+            if self._clients.get(client, 0) >= self._per_client:
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._clients[client] = self._clients.get(client, 0) + 1
+            return True
+
+    def _give_back(self, client: str) -> None:
+        with self._lock:
+            left = self._clients.pop(client, 1) - 1
+            if left > 0:
+                self._clients[client] = left
+            self._slots.release()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        client = str(client_address[0])
+        if not self._take(client):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(client)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(str(client_address[0]))
+
+
+class DeadlineReader(io.RawIOBase):
+    """A connection's bytes, each read bounded by what is left of the current request's
+    deadline (`deadline()`, monotonic seconds); past it, `TimeoutError`."""
+
+    def __init__(self, sock: socket.socket, deadline: Callable[[], float]) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline() - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
 
 
 def content_length(value: str | None) -> int | None:
@@ -84,11 +144,12 @@ def content_length(value: str | None) -> int | None:
 
 
 class MetricsServer:
-    """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop),
-    and, with preemptive yield's channel, `POST /preempt/live` and `/preempt/lines`
-    (`worker.preempt_channel`). At most `MAX_CONNECTIONS` at once, each closed after
-    `SOCKET_TIMEOUT` s of silence; a request whose length is not a byte count within its path's
-    `MAX_BODY` is answered 400."""
+    """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop), and,
+    with preemptive yield's channel, `POST /preempt/live` and `/preempt/lines`
+    (`worker.preempt_channel`). At most `MAX_CONNECTIONS` at once and
+    `MAX_CONNECTIONS_PER_CLIENT` from one address; a connection whose request is not complete
+    `REQUEST_DEADLINE` s after the server began waiting for it is closed; a request whose length
+    is not a byte count within its path's `MAX_BODY` is answered 400."""
 
     def __init__(
         self,
@@ -96,6 +157,7 @@ class MetricsServer:
         port: int,
         sdk_bind: str | None,
         preempt: PreemptChannel | None = None,
+        request_deadline: float = REQUEST_DEADLINE,
     ) -> None:
         self.sdk_url = f"http://{sdk_bind}/metrics" if sdk_bind else None
         outer = self
@@ -103,6 +165,23 @@ class MetricsServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # api processes keep their connection for live counts
             timeout = SOCKET_TIMEOUT
+            deadline = 0.0
+            """When the request being read must be complete (monotonic seconds)."""
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()  # the socket's own file: every read goes through the deadline
+                self.rfile = io.BufferedReader(
+                    DeadlineReader(self.connection, lambda: self.deadline)
+                )
+
+            def handle_one_request(self) -> None:
+                self.deadline = time.monotonic() + request_deadline
+                super().handle_one_request()
+
+            def send_response(self, code: int, message: str | None = None) -> None:
+                self.connection.settimeout(SOCKET_TIMEOUT)  # the answer: its own bound
+                super().send_response(code, message)
 
             def do_POST(self) -> None:  # noqa: N802  # http.server's name
                 if preempt is None or self.path not in MAX_BODY:
@@ -117,8 +196,20 @@ class MetricsServer:
                     self.close_connection = True  # the body's end is unknown: nothing follows
                     self.send_error(400)
                     return
-                body = self.rfile.read(length)
-                status = preempt.handle(self.headers.get("Authorization"), body, self.path)
+                try:
+                    body = self.rfile.read(length)
+                except TimeoutError:
+                    self.close_connection = True  # past the request's deadline: cut
+                    return
+                if len(body) < length:  # the client closed mid-body
+                    self.close_connection = True
+                    return
+                status = preempt.handle(
+                    self.headers.get(TIMESTAMP_HEADER),
+                    self.headers.get(SIGNATURE_HEADER),
+                    body,
+                    self.path,
+                )
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -1,14 +1,14 @@
 """Sends this worker's batch lines upstream to every other worker, for exact preemption.
 
 Preemption must count every batch line upstream on a route, whichever worker runs it
-(docs/decisions/0035). The board calls `changed(route)` whenever this worker's lines there change
-(a line goes upstream, ends, or is told to stop); a task of its own sends the route's lines (each:
-seconds since it went upstream, whether it may still be preempted, and when it went upstream in
-unix seconds, the rank every worker gives it) to every other worker's
-channel (`POST /preempt/lines`, the shared token), at once and as a keep-alive every second
+(docs/decisions/0035). The board calls `changed(route)` whenever this worker's lines there change (a
+line goes upstream, ends, or is told to stop); a task of its own sends the route's lines (each:
+seconds since it went upstream, whether it may still be preempted, and when it went upstream in unix
+seconds, the rank every worker gives it) to every other worker's channel (`POST /preempt/lines`,
+signed with the shared token: `backfill.preempt_signing`), at once and as a keep-alive every second
 (a worker forgets another's lines not renewed in 5 s). The other workers are found as the api
-processes find them: polling the task queue (`backfill.preempt_peers`). Changes that come while
-a round is being sent go out together in the next one.
+processes find them: polling the task queue (`backfill.preempt_peers`). Changes that come while a
+round is being sent go out together in the next one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ from activities.preemption import PreemptBoard
 from backfill.background import Background, woken
 from backfill.messages import PeerLinesReport
 from backfill.metrics import PREEMPT_PEERS
-from backfill.preempt_peers import LOOK_EVERY, find_workers
+from backfill.preempt_failures import SendFailures
+from backfill.preempt_peers import (
+    DEFAULT_PREEMPT_NETWORKS,
+    LOOK_EVERY,
+    Network,
+    find_workers,
+    parse_networks,
+)
+from backfill.preempt_signing import sign
 from worker.preempt_channel import LINES_PATH
 
 log = logging.getLogger(__name__)
@@ -44,13 +52,18 @@ class PeerSender:
         task_queue: str,
         token: str,
         transport: httpx.AsyncBaseTransport | None = None,
+        networks: list[Network] | None = None,
     ) -> None:
         self._client = client
         self._board = board
         self.worker = worker
         self._own = own_url
         self._task_queue = task_queue
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._token = token
+        """The key reports are signed with (never sent)."""
+        self._networks = networks or parse_networks(DEFAULT_PREEMPT_NETWORKS)
+        """Where another worker found on the task queue may be (`BACKFILL_PREEMPT_NETWORKS`)."""
+        self._failures = SendFailures("lines", log)
         self._transport = transport
         self.peers: list[str] = []
         self._routes: set[str] = set()
@@ -81,7 +94,7 @@ class PeerSender:
     async def _look(self) -> None:
         while True:
             try:
-                found = await find_workers(self._client, self._task_queue)
+                found = await find_workers(self._client, self._task_queue, self._networks)
                 self.peers = [u for u in found if u != self._own]
                 PREEMPT_PEERS.set(len(self.peers))
             except Exception as err:  # Temporal down or slow: keep the peers we had
@@ -111,14 +124,15 @@ class PeerSender:
             started_at=[line.started_at for line in own],
         )
         body = report.model_dump_json().encode()
+        headers = {**sign(self._token, LINES_PATH, body), "Content-Type": "application/json"}
 
         async def one(peer: str) -> None:
             assert self._http is not None
             try:
-                resp = await self._http.post(peer + LINES_PATH, content=body, headers=self._headers)
+                resp = await self._http.post(peer + LINES_PATH, content=body, headers=headers)
                 if resp.status_code != 204:
-                    log.warning("worker %s refused our lines (%d)", peer, resp.status_code)
+                    self._failures.failed(peer, "refused", f"HTTP {resp.status_code}")
             except httpx.HTTPError as err:
-                log.debug("lines not sent to %s: %s", peer, err)
+                self._failures.failed(peer, "unreachable", repr(err))
 
         await asyncio.gather(*(one(p) for p in self.peers))

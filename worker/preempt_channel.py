@@ -1,10 +1,12 @@
 """The worker's end of preemptive yield's direct channel: `POST /preempt/live` on its HTTP server.
 
 Each api process sends every route's live count here when it changes (and once a second while
-the route's preemptive yield is on); the request is authenticated with the shared
-`BACKFILL_PREEMPT_TOKEN` (a bearer token, compared in constant time) and handed to the worker's
-event loop, where `PreemptBoard` ends the lines live traffic needs the seats of
-(docs/decisions/0023). The HTTP server's thread never waits for the loop.
+the route's preemptive yield is on); every report is signed with the shared
+`BACKFILL_PREEMPT_TOKEN` (HMAC-SHA256 of the path, a timestamp and the body:
+`backfill.preempt_signing`; the token never travels), taken only within 30 s of its timestamp
+and later than the sender's last one, and handed to the worker's event loop, where
+`PreemptBoard` ends the lines live traffic needs the seats of (docs/decisions/0023, 0046). The
+HTTP server's thread never waits for the loop.
 
 A report carries counts only, for a configured route only: what each route's seats and bounds
 are, the worker reads from the route's scheduler itself (`PolicyReader`), so whoever reaches the
@@ -14,7 +16,6 @@ channel can neither widen nor narrow a route, nor grow the board with made-up ro
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Iterable
 
@@ -25,6 +26,7 @@ from activities.preemption import PreemptBoard
 from backfill.background import Background
 from backfill.messages import LiveCountReport, PeerLinesReport
 from backfill.preempt_policy import POLICY_TTL, read_preempt_policy
+from backfill.preempt_signing import ReplayGuard, verified_at
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +49,49 @@ class PreemptChannel:
         self.worker = worker
         """This worker's id in the lines reports it sends (its own are ignored)."""
         self.loop = loop
-        self._token = f"Bearer {token}".encode()
+        self._token = token
+        self._replays = ReplayGuard()
         self.routes = frozenset(routes)
         """The configured routes: a report on any other is refused."""
 
-    def handle(self, authorization: str | None, body: bytes, path: str = PATH) -> int:
-        """The HTTP status of one request to `path` (called on the server's thread)."""
-        if authorization is None or not hmac.compare_digest(authorization.encode(), self._token):
+    def handle(
+        self,
+        timestamp: str | None,
+        signature: str | None,
+        body: bytes,
+        path: str = PATH,
+        now: float | None = None,
+    ) -> int:
+        """The HTTP status of one request to `path` (called on the server's thread): 401 for a
+        signature that is not the token's or a timestamp outside the window, 409 for a report no
+        later than the sender's last (a replay), 400 for a malformed one."""
+        at = verified_at(self._token, path, body, timestamp, signature, now)
+        if at is None:
             return 401
         try:
             if path == LINES_PATH:
                 lines = PeerLinesReport.model_validate_json(body)
                 if lines.route not in self.routes:
                     return 400
-                if lines.worker != self.worker:  # its own report, sent to itself: not a peer
-                    self.loop.call_soon_threadsafe(
-                        self.board.peer_lines,
-                        lines.route,
-                        lines.worker,
-                        lines.lines,
-                        lines.started_at,
-                    )
+                if lines.worker == self.worker:  # its own report, sent to itself: not a peer
+                    return 204
+                if not self._replays.take((path, lines.route, lines.worker), at, now):
+                    return 409
+                self.loop.call_soon_threadsafe(
+                    self.board.peer_lines,
+                    lines.route,
+                    lines.worker,
+                    lines.lines,
+                    lines.started_at,
+                )
                 return 204
             report = LiveCountReport.model_validate_json(body)
         except ValidationError:
             return 400
         if report.route not in self.routes:
             return 400
+        if not self._replays.take((path, report.route, report.process), at, now):
+            return 409
         self.loop.call_soon_threadsafe(
             self.board.report, report.route, report.process, report.live, report.ttft_ms
         )

@@ -28,6 +28,8 @@ from backfill.config.sections import (
     WorkspaceLimits,
 )
 from backfill.load_metrics import approved_bases
+from backfill.preempt_peers import DEFAULT_PREEMPT_NETWORKS, parse_networks
+from backfill.preempt_signing import MIN_TOKEN_LENGTH
 from backfill.route_settings import settings_problem
 from backfill.webhooks import Destinations, WebhookEndpoint
 
@@ -131,8 +133,25 @@ class Settings(BaseSettings):
         default=None, repr=False, validation_alias="BACKFILL_PREEMPT_TOKEN"
     )
     """Shared secret of the api processes and workers for preemptive yield's direct channel
-    (docs/decisions/0023): a worker accepts live counts only with it, an api sends them only
-    with it. Unset: the channel is off and no line is ever preempted. Never logged."""
+    (docs/decisions/0023): the key every report is signed with (HMAC-SHA256; the token itself
+    is never sent, docs/decisions/0046). At least 32 characters (`openssl rand -hex 32`). Unset:
+    the channel is off and no line is ever preempted. Never logged."""
+    preempt_networks: str = Field(
+        default=DEFAULT_PREEMPT_NETWORKS, validation_alias="BACKFILL_PREEMPT_NETWORKS"
+    )
+    """Comma-separated networks (CIDR) a worker's channel address found on the task queue must
+    be in to be sent reports; any other address a poller identity names is ignored (and
+    counted). Default: loopback and the private ranges (RFC 1918, IPv6 unique local)."""
+    preempt_max_peers: int = Field(
+        default=64, ge=1, le=4096, validation_alias="BACKFILL_PREEMPT_MAX_PEERS"
+    )
+    """Other workers whose lines a worker keeps per route; a report from one more is dropped
+    (and counted)."""
+    preempt_max_peer_lines: int = Field(
+        default=8192, ge=1, le=1_000_000, validation_alias="BACKFILL_PREEMPT_MAX_PEER_LINES"
+    )
+    """Other workers' lines a worker keeps per route, all of them together; a report that would
+    take it beyond is dropped (and counted). Each preemption ranks these lines."""
     preempt_worker_urls: str = Field(default="", validation_alias="BACKFILL_PREEMPT_WORKER_URLS")
     """api processes: comma-separated base URLs of the workers' HTTP servers (their `/metrics`
     address, e.g. `http://10.0.0.5:9464`), sent each route's live count when its preemptive yield
@@ -291,6 +310,16 @@ class Settings(BaseSettings):
     def _s3_bucket_named(self) -> Settings:
         if self.store == "s3" and not self.s3_bucket:
             raise ValueError("BACKFILL_STORE is s3 but BACKFILL_S3_BUCKET is not set")
+        return self
+
+    @model_validator(mode="after")
+    def _preempt_channel_valid(self) -> Settings:
+        if self.preempt_token and len(self.preempt_token) < MIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"BACKFILL_PREEMPT_TOKEN has {len(self.preempt_token)} characters; it must have "
+                f"at least {MIN_TOKEN_LENGTH} (make one with `openssl rand -hex 32`)"
+            )
+        parse_networks(self.preempt_networks)
         return self
 
     @model_validator(mode="after")

@@ -50,6 +50,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.config import hash_key
 from backfill.ids import scheduler_workflow_id
+from backfill.preempt_signing import MIN_TOKEN_LENGTH
 from backfill.refs import RouteSchedulerWorkflow
 from backfill.search_attributes import WORKSPACE
 from backfill.store import FileStore, Store
@@ -123,13 +124,15 @@ class Stack:
         sim_per_route: bool = False,
         route_extra: dict[str, Any] | None = None,
         workspace_limits: dict[str, dict[str, int]] | None = None,
-        preempt_token: str | None = None,
+        preempt_token: str | bool | None = None,
         tenants: int = 0,
         route_settings: dict[str, Any] | None = None,
     ) -> None:
         """`upstream_key`: the routes' credential (through `api_key_env`), else none.
-        `preempt_token`: preemptive yield's direct channel on (every process gets the token;
-        the api finds the workers on the task queue), else off.
+        `preempt_token`: preemptive yield's direct channel on (every process gets the token,
+        at least `MIN_TOKEN_LENGTH` characters; True: a fresh one; the api processes and the
+        workers find the workers on the task queue, on loopback), else off; `self.preempt_token`
+        is the token, for a test's own reports (`backfill.preempt_signing.sign`).
         `tenants`: key sets for leases (a shared stack), each with its own keys and workspaces,
         besides the stack's own KEYS."""
         self.tmp = tmp
@@ -159,8 +162,12 @@ class Stack:
         )
         if upstream_key and self.upstream_key_env:
             self.extra_env[self.upstream_key_env] = upstream_key
-        if preempt_token:
-            self.extra_env["BACKFILL_PREEMPT_TOKEN"] = preempt_token
+        if preempt_token is True:
+            preempt_token = secrets.token_hex(32)
+        self.preempt_token = preempt_token or None
+        if self.preempt_token:
+            assert len(self.preempt_token) >= MIN_TOKEN_LENGTH, "the processes would refuse it"
+            self.extra_env["BACKFILL_PREEMPT_TOKEN"] = self.preempt_token
         self.workers: list[Child] = []
         self.worker_metrics_ports: list[int] = []
         """Each worker's `/metrics` port, in `workers` order."""

@@ -207,7 +207,9 @@ async def test_a_preempted_line_is_counted_in_the_batch_and_the_route_status(
     request needs a seat the route's two batch lines hold, the youngest is ended and requeued,
     and the batch's `backfill.routes[]` and the route's status count it."""
     sim = SimConfig(model_names=[], latency_ms=1000, stream_token_delay_ms=200)
-    stack = Stack(tmp_path, dev_server.address, cap=2, sim=sim, preempt_token="e2e-preempt")
+    stack = Stack(
+        tmp_path, dev_server.address, cap=2, sim=sim, preempt_token="e2e-preempt-" + "p" * 32
+    )
     async with stack.running(), httpx.AsyncClient(timeout=30) as http:
         settings: dict[str, Any] = {
             "max_concurrent_lines": 2,

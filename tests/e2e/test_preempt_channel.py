@@ -17,17 +17,20 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from backfill.preempt_signing import sign
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.e2e.test_live_gates import batch_arrivals, put_settings, worker_samples
 from tests.polling import poll_until
 from tools.sim import SimConfig
+from worker.preempt_channel import PATH
 
-TOKEN = "e2e-channel"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TOKEN = "e2e-channel-" + "c" * 32
 SOCKET_TIMEOUT = 5.0
-"""`worker.metrics_server.SOCKET_TIMEOUT`."""
-MAX_CONNECTIONS = 32
+"""`worker.metrics_server.REQUEST_DEADLINE`."""
+MAX_CONNECTIONS = 64
 """`worker.metrics_server.MAX_CONNECTIONS`."""
+MAX_CONNECTIONS_PER_CLIENT = 16
+"""`worker.metrics_server.MAX_CONNECTIONS_PER_CLIENT`."""
 MAX_PROCESSES = 256
 """`activities.preemption.MAX_PROCESSES`."""
 
@@ -58,8 +61,19 @@ def count(stack: Stack, **fields: Any) -> dict[str, Any]:
 async def post(stack: Stack, body: Any) -> int:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with httpx.AsyncClient(timeout=10) as http:
-        r = await http.post(channel(stack), content=content, headers=AUTH)
+        r = await http.post(channel(stack), content=content, headers=sign(TOKEN, PATH, content))
     return r.status_code
+
+
+async def test_the_token_itself_or_a_replayed_report_is_refused(stack: Stack) -> None:
+    """The worker takes signed reports only (the token never travels), each once."""
+    body = json.dumps(count(stack, process="replayer", live=1)).encode()
+    async with httpx.AsyncClient(timeout=10) as http:
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await http.post(channel(stack), content=body, headers=bearer)).status_code == 401
+        signed = sign(TOKEN, PATH, body)
+        assert (await http.post(channel(stack), content=body, headers=signed)).status_code == 204
+        assert (await http.post(channel(stack), content=body, headers=signed)).status_code == 409
 
 
 async def test_a_report_cannot_set_a_routes_policy(stack: Stack) -> None:
@@ -159,11 +173,11 @@ def pipelined(stack: Stack, bodies: list[dict[str, Any]], connections: int = 4) 
             requests = b""
             for body in share:
                 data = json.dumps(body).encode()
+                signed = "".join(f"{k}: {v}\r\n" for k, v in sign(TOKEN, PATH, data).items())
                 requests += (
-                    b"POST /preempt/live HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer "
-                    + TOKEN.encode()
-                    + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                    % len(data)
+                    b"POST /preempt/live HTTP/1.1\r\nHost: w\r\n"
+                    + signed.encode()
+                    + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data)
                     + data
                 )
             sock.sendall(requests)
@@ -198,11 +212,7 @@ def raw(stack: Stack, request: bytes, timeout: float) -> bytes:
 async def test_a_malformed_content_length_is_answered_400(stack: Stack) -> None:
     for length in (b"abc", b"-5", b"1e3", b"99999999"):
         request = (
-            b"POST /preempt/live HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer "
-            + TOKEN.encode()
-            + b"\r\nContent-Length: "
-            + length
-            + b"\r\n\r\n{}"
+            b"POST /preempt/live HTTP/1.1\r\nHost: w\r\nContent-Length: " + length + b"\r\n\r\n{}"
         )
         answer = await asyncio.to_thread(raw, stack, request, 10)
         assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), (length, answer)
@@ -220,20 +230,47 @@ async def test_a_silent_connection_is_closed(stack: Stack) -> None:
     assert time.monotonic() - started < 3 * SOCKET_TIMEOUT
 
 
-async def test_connections_beyond_the_limit_are_closed_at_once(stack: Stack) -> None:
-    port = stack.worker_metrics_ports[0]
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]
-    try:
-        # The kernel queues the connections in order (the server's listen backlog holds them
-        # all) and the server accepts them in that order: each idle one takes a slot, for
-        # SOCKET_TIMEOUT s. One more gets no answer: it is closed at once. A server that kept it
-        # waiting for a slot would answer it once an idle one times out, so the bound here only
-        # ends a wait for a server that neither answers nor closes.
-        scrape = b"GET /metrics HTTP/1.1\r\nHost: w\r\n\r\n"
+def connect_from(stack: Stack, source: str) -> socket.socket:
+    """A connection to the worker's HTTP server from `source` (another loopback address: the
+    server counts connections per client address)."""
+    return socket.create_connection(
+        ("127.0.0.1", stack.worker_metrics_ports[0]), source_address=(source, 0)
+    )
+
+
+def scrape_from(stack: Stack, source: str, timeout: float) -> bytes:
+    """A `/metrics` request from `source`; what came back before the server closed it."""
+    with connect_from(stack, source) as s:
+        s.settimeout(timeout)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n")
+        data = b""
         try:
-            answer = await asyncio.to_thread(raw, stack, scrape, 3 * SOCKET_TIMEOUT)
+            while chunk := s.recv(65536):
+                data += chunk
         except ConnectionResetError:
-            answer = b""
+            pass
+        return data
+
+
+async def test_connections_beyond_the_limits_are_closed_at_once(stack: Stack) -> None:
+    """One client address holds at most `MAX_CONNECTIONS_PER_CLIENT` connections (others are
+    still served), and all together at most `MAX_CONNECTIONS`: one more is closed at once.
+    The kernel queues the connections in order (the listen backlog holds them all) and the
+    server accepts them in that order, so each idle one takes a slot for the request deadline.
+    A server that kept one more waiting for a slot would answer it once an idle one times out:
+    the bound below only ends a wait for a server that neither answers nor closes."""
+    idle = [connect_from(stack, "127.0.0.2") for _ in range(MAX_CONNECTIONS_PER_CLIENT)]
+    try:
+        answer = await asyncio.to_thread(scrape_from, stack, "127.0.0.2", 3 * SOCKET_TIMEOUT)
+        assert answer == b"", answer[:100]
+        answer = await asyncio.to_thread(scrape_from, stack, "127.0.0.3", 3 * SOCKET_TIMEOUT)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]  # another client: served
+        # Every slot taken (from many addresses): one more, from anywhere, is closed at once.
+        idle += [
+            connect_from(stack, f"127.0.0.{4 + k // MAX_CONNECTIONS_PER_CLIENT}")
+            for k in range(MAX_CONNECTIONS)
+        ]
+        answer = await asyncio.to_thread(scrape_from, stack, "127.0.0.99", 3 * SOCKET_TIMEOUT)
         assert answer == b"", answer[:100]
     finally:
         for s in idle:
@@ -241,7 +278,7 @@ async def test_connections_beyond_the_limit_are_closed_at_once(stack: Stack) -> 
     # Their slots come back: scrapes are answered again.
     async with httpx.AsyncClient(timeout=10) as http:
         r = await poll_until(
-            lambda: http.get(f"http://127.0.0.1:{port}/metrics"),
+            lambda: http.get(f"http://127.0.0.1:{stack.worker_metrics_ports[0]}/metrics"),
             lambda r: r.status_code == 200,
             timeout=3 * SOCKET_TIMEOUT,
             what="a scrape answered once the idle connections are gone",

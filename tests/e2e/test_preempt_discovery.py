@@ -22,7 +22,9 @@ async def test_a_worker_started_after_the_api_is_found_and_preempts(
     tmp_path: Path, dev_server: TemporalServer
 ) -> None:
     sim = SimConfig(model_names=[], latency_ms=3000, stream_token_delay_ms=200)
-    stack = Stack(tmp_path, dev_server.address, cap=3, sim=sim, preempt_token="e2e-found")
+    stack = Stack(
+        tmp_path, dev_server.address, cap=3, sim=sim, preempt_token="e2e-found-" + "f" * 32
+    )
     async with stack.running(workers=0), httpx.AsyncClient(timeout=30) as http:
         assert "BACKFILL_PREEMPT_WORKER_URLS" not in stack.env()  # no list anywhere
         # No worker yet: the route's status says the channel reaches none.

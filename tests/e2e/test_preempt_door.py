@@ -48,7 +48,7 @@ async def test_a_line_held_back_ten_line_timeouts_is_not_lost_and_completes(
         dev_server.address,
         cap=2,
         sim=sim,
-        preempt_token="e2e-preempt",
+        preempt_token="e2e-preempt-" + "p" * 32,
         limits={"line_timeout_seconds": LINE_TIMEOUT},
     )
     async with stack.running(), httpx.AsyncClient(timeout=30) as http:

@@ -28,7 +28,7 @@ async def test_one_live_request_ends_exactly_one_line_across_three_workers(
         dev_server.address,
         cap=3,
         sim=sim,
-        preempt_token="e2e-workers",
+        preempt_token="e2e-workers-" + "w" * 32,
         extra_env={"BACKFILL_WORKER_EAGER_ACTIVITIES": "0"},
     )
     async with stack.running(workers=WORKERS), httpx.AsyncClient(timeout=30) as http:

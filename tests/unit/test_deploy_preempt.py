@@ -52,7 +52,15 @@ def test_the_preempt_token_comes_from_a_secret_and_the_api_reaches_the_workers()
             }
         }
     }
-    assert metrics_sources(policies["backfill-worker"]) == [MONITORING, api_pods]
+    worker_pods = {
+        "podSelector": {
+            "matchLabels": {
+                **api_pods["podSelector"]["matchLabels"],
+                "app.kubernetes.io/component": "worker",
+            }
+        }
+    }
+    assert metrics_sources(policies["backfill-worker"]) == [MONITORING, api_pods, worker_pods]
     egress = policies["backfill-api"]["egress"]
     assert isinstance(egress, list)
     assert egress[-1]["ports"] == [{"port": "metrics", "protocol": "TCP"}]

@@ -19,6 +19,8 @@ def test_an_identity_names_the_channel_and_is_read_back() -> None:
     assert url_of("123@host") is None and url_of("1@h preempt=ftp://x") is None
     assert channel_url("::1", 9464) == "http://[::1]:9464"
     assert channel_url("0.0.0.0", 9464).startswith("http://")  # the host name's address
+    # A name is resolved: the others use IP addresses only (`BACKFILL_PREEMPT_NETWORKS`).
+    assert channel_url("localhost", 9464) == "http://127.0.0.1:9464"
 
 
 async def test_only_workers_polling_now_are_found() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from activities.preemption import REPORT_TTL, PreemptBoard
 from backfill.gates.preempt import PreemptPolicy
 from backfill.messages import PeerLinesReport
-from tests.unit.test_preemption import Clock
+from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from tests.unit.test_preemption import TOKEN, Clock
 from worker.preempt_channel import LINES_PATH, PreemptChannel
 
 POLICY = PreemptPolicy(batch_seats=3, max_preemptions=100)
@@ -153,22 +155,28 @@ async def test_the_door_counts_the_other_workers_lines_until_they_go_silent() ->
 
 async def test_a_lines_report_needs_a_configured_route_and_bounded_lines() -> None:
     board = PreemptBoard()
-    channel = PreemptChannel(board, asyncio.get_running_loop(), "t", ["r1"], worker="me")
-    auth = "Bearer t"
+    channel = PreemptChannel(board, asyncio.get_running_loop(), TOKEN, ["r1"], worker="me")
+    sent = iter(range(1, 100))
+
+    def handle(content: bytes, token: str = TOKEN) -> int:
+        headers = sign(token, LINES_PATH, content, time.time() + next(sent) / 1000)
+        return channel.handle(
+            headers[TIMESTAMP_HEADER], headers[SIGNATURE_HEADER], content, LINES_PATH
+        )
 
     def body(**fields: object) -> bytes:
         return json.dumps({"worker": "B", "route": "r1", "lines": [[1.5, True]], **fields}).encode()
 
-    assert channel.handle(auth, body(), LINES_PATH) == 204
-    assert channel.handle(auth, body(route="nope"), LINES_PATH) == 400
-    assert channel.handle(auth, body(lines=[[-1, True]]), LINES_PATH) == 400
-    assert channel.handle(auth, body(lines=[[1.0, True]] * 4097), LINES_PATH) == 400
-    assert channel.handle(auth, body(started_at=[1.8e9, 1.8e9]), LINES_PATH) == 400  # 2 for 1
-    assert channel.handle(auth, body(started_at=[-1.0]), LINES_PATH) == 400
-    assert channel.handle(auth, body(started_at=[float("inf")]), LINES_PATH) == 400
-    assert channel.handle("Bearer x", body(), LINES_PATH) == 401
+    assert handle(body()) == 204
+    assert handle(body(route="nope")) == 400
+    assert handle(body(lines=[[-1, True]])) == 400
+    assert handle(body(lines=[[1.0, True]] * 4097)) == 400
+    assert handle(body(started_at=[1.8e9, 1.8e9])) == 400  # 2 for 1
+    assert handle(body(started_at=[-1.0])) == 400
+    assert handle(body(started_at=[float("inf")])) == 400
+    assert handle(body(), token="x" * 40) == 401
     await asyncio.sleep(0)
     assert list(board._routes["r1"].peers) == ["B"]
-    assert channel.handle(auth, body(worker="me"), LINES_PATH) == 204  # its own: ignored
+    assert handle(body(worker="me")) == 204  # its own: ignored
     await asyncio.sleep(0)
     assert list(board._routes["r1"].peers) == ["B"]

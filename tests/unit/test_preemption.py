@@ -30,8 +30,12 @@ from backfill.gates.preempt import (
 from backfill.gates.preempt import policy as preempt_policy
 from backfill.gates.seats import SeatAware
 from backfill.messages import LineOutcome, RouteSettings
+from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from tests.unit.test_run_line import BATCH, OK_BODY, line, make, record
-from worker.preempt_channel import PreemptChannel
+from worker.preempt_channel import PATH, PreemptChannel
+
+TOKEN = "t" * 32
+"""A channel token of the shortest length accepted."""
 
 POLICY = PreemptPolicy(batch_seats=4, max_preemptions=2)
 
@@ -305,12 +309,17 @@ async def test_a_preemption_as_the_line_commits_changes_nothing(tmp_path: Path) 
 async def test_the_channel_needs_the_token_and_a_valid_report() -> None:
     board = PreemptBoard()
     board.set_policy("r1", POLICY)  # as the route's scheduler holds it
-    channel = PreemptChannel(board, asyncio.get_running_loop(), "s3cret", ["r1"])
+    channel = PreemptChannel(board, asyncio.get_running_loop(), TOKEN, ["r1"])
     body = json.dumps({"route": "r1", "process": "api-a", "live": 2}).encode()
-    assert channel.handle(None, body) == 401
-    assert channel.handle("Bearer wrong", body) == 401
-    assert channel.handle("Bearer s3cret", b'{"route": "r1"}') == 400
-    assert channel.handle("Bearer s3cret", body) == 204
+
+    def handle(token: str | None, content: bytes) -> int:
+        headers = sign(token, PATH, content) if token else {}
+        return channel.handle(headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER), content)
+
+    assert handle(None, body) == 401
+    assert handle("w" * 40, body) == 401
+    assert handle(TOKEN, b'{"route": "r1"}') == 400
+    assert handle(TOKEN, body) == 204
     await asyncio.sleep(0)  # handed to the loop
     assert board.policy("r1") == POLICY
 

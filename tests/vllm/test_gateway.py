@@ -129,7 +129,9 @@ async def test_preemption_frees_vllms_seat(tmp_path: Path, dev_server: Any, vllm
     connection closes, and vLLM stops generating it (its running count drops), so the seat is
     really free for the live request."""
     async with (
-        vllm_stack(tmp_path, dev_server, vllm, cap=2, preempt_token="vllm-preempt") as stack,
+        vllm_stack(
+            tmp_path, dev_server, vllm, cap=2, preempt_token="vllm-preempt-" + "v" * 32
+        ) as stack,
         httpx.AsyncClient(timeout=60) as http,
     ):
         settings: dict[str, Any] = {

@@ -85,7 +85,9 @@ async def test_a_line_preempted_three_times_resumes_and_keeps_its_tokens(
     tmp_path: Path, dev_server: Any, vllm: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with (
-        vllm_stack(tmp_path, dev_server, vllm, cap=1, preempt_token="vllm-preempt") as stack,
+        vllm_stack(
+            tmp_path, dev_server, vllm, cap=1, preempt_token="vllm-preempt-" + "v" * 32
+        ) as stack,
         httpx.AsyncClient(timeout=120) as http,
     ):
         # One batch seat while no live request runs, none while one does: each live stream

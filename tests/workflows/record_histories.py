@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.ids import scheduler_workflow_id
 from backfill.messages import LiveCountReport
+from backfill.preempt_signing import sign
 from tests.e2e.stack import API_KEY, Stack, submit, wait_terminal
 from tests.e2e.test_preempt_door import live_streams
 from tests.polling import poll_until
@@ -513,7 +514,7 @@ async def held_back() -> None:
        worker's door until its limit, and come back `held`.
     2. Live streams whose time to first token is over a 1 ms target: the worker holds both
        shared seats back and tells the scheduler, whose allotment drops to 0."""
-    token = "record-preempt"
+    token = "record-preempt-" + "r" * 32
     async with dev_stack(
         cap=2, sim=SimConfig(model_names=[], latency_ms=300), preempt_token=token
     ) as (stack, temporal):
@@ -537,10 +538,9 @@ async def held_back() -> None:
                         process="recorder",
                         live=2,
                     )
+                    body = report.model_dump_json().encode()
                     await http.post(
-                        channel,
-                        content=report.model_dump_json(),
-                        headers={"Authorization": f"Bearer {token}"},
+                        channel, content=body, headers=sign(token, "/preempt/live", body)
                     )
                     await asyncio.sleep(1)
 

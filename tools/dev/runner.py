@@ -243,7 +243,7 @@ def run(
             "BACKFILL_WORKER_METRICS_PORT": str(worker_metrics_port),
             # Preemptive yield's channel: a fresh token each run, the worker's /metrics server
             # on loopback (the api finds it on the task queue: decision 0034).
-            "BACKFILL_PREEMPT_TOKEN": secrets.token_urlsafe(24),
+            "BACKFILL_PREEMPT_TOKEN": secrets.token_urlsafe(32),
             "BACKFILL_WORKER_METRICS_HOST": LOOPBACK,
             "PYTHONUNBUFFERED": "1",
         }

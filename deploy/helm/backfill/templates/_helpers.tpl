@@ -77,6 +77,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     secretKeyRef:
       name: {{ .Values.preempt.existingSecret }}
       key: {{ .Values.preempt.key }}
+{{- with .Values.preempt.networks }}
+- name: BACKFILL_PREEMPT_NETWORKS
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
