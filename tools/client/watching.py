@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Column
 
 from backfill.eta import ProgressLog, Sample, estimate
+from backfill.reasons import reason_text
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 PLAIN_EVERY_SECONDS = 5.0
@@ -81,7 +82,7 @@ def wait_reason(batch: Batch) -> str:
     if ext.get("paused"):
         return f"Paused by {ext.get('paused_by') or 'an operator'}"
     reasons = [
-        f"{r.get('model') or r.get('route')}: {r['reason']}"
+        f"{r.get('model') or r.get('route')}: {reason_text(r['reason'], r.get('reason_detail'))}"
         for r in ext.get("routes") or []
         if isinstance(r, dict) and r.get("reason")
     ]
