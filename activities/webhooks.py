@@ -27,12 +27,13 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from backfill import refs
 from backfill import search_attributes as sa
 from backfill.config import Settings, configured_endpoints
 from backfill.load_reader import PinnedBackend, Resolver, resolve_host
+from backfill.webhook_reads import endpoints_made
 from backfill.webhooks import (
     AnnounceInput,
     AnnounceOutput,
@@ -47,7 +48,6 @@ from backfill.webhooks import (
     check_url,
     delivery_url,
     derive_secret,
-    endpoints_workflow_id,
     event_workflow_id,
     refusal,
     signed_headers,
@@ -120,15 +120,7 @@ class WebhookActivities:
         )
 
     async def _api_endpoints(self, workspace: str) -> list[WebhookEndpoint]:
-        handle = self.client.get_workflow_handle_for(
-            refs.WebhookEndpointsWorkflow.run, endpoints_workflow_id(workspace)
-        )
-        try:
-            return await handle.query(refs.WebhookEndpointsWorkflow.endpoints)
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:  # no endpoint was ever made
-                return []
-            raise
+        return await endpoints_made(self.client, workspace)
 
     @activity.defn
     async def deliver_webhook(self, input: AttemptInput) -> AttemptOutcome:
@@ -182,13 +174,8 @@ class WebhookActivities:
         """The endpoint as its workflow holds it now; as the event found it when it was removed
         since, or its workflow does not answer (logged)."""
         as_raised = WebhookEndpoint(id=target.endpoint_id, url=target.url, rotation=target.rotation)
-        handle = self.client.get_workflow_handle_for(
-            refs.WebhookEndpointsWorkflow.run, endpoints_workflow_id(workspace)
-        )
         try:
-            endpoints = await handle.query(
-                refs.WebhookEndpointsWorkflow.endpoints, rpc_timeout=ENDPOINT_READ_TIMEOUT
-            )
+            endpoints = await endpoints_made(self.client, workspace, ENDPOINT_READ_TIMEOUT)
         except RPCError as err:
             activity.logger.warning(
                 "signing with the rotation the event found: endpoints of %s unread: %s",

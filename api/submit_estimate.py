@@ -28,7 +28,15 @@ from backfill.endpoints import spec_of
 from backfill.ids import scheduler_workflow_id
 from backfill.refs import RouteSchedulerWorkflow
 from backfill.store import Store, chunks
-from backfill.submit_estimate import HISTORY_WEEKS, HOUR, WEEK_HOURS, RouteWork, split_lines
+from backfill.submit_estimate import (
+    HISTORY_WEEKS,
+    HOUR,
+    MINUTE,
+    WEEK_HOURS,
+    RouteWork,
+    Served,
+    split_lines,
+)
 from backfill.submit_estimate import estimate as decide
 from backfill.usage import USAGE_DIR, UsageEntry
 
@@ -36,8 +44,8 @@ log = logging.getLogger(__name__)
 
 LIKELY_TO_MISS = Counter(
     "gateway_batches_likely_to_miss_total",
-    "Batches created whose estimate at submit finishes after their expires_at "
-    "(backfill.estimate.window_achievable false).",
+    "Batches created whose estimate at submit finishes after their expires_at by the "
+    "route's history of every hour of the window (backfill.estimate.window_achievable false).",
     ["model"],
 )
 REFRESH_SECONDS = 60.0
@@ -52,10 +60,13 @@ class _HourFile:
     """(mtime_ns, size) when read."""
     served: Tally[str] = field(default_factory=Tally)
     """Route → batch lines answered 200."""
+    minutes: dict[str, set[int]] = field(default_factory=dict)
+    """Route → the minutes of the hour (0-59) in which one of them ended."""
 
 
 class ServedHistory:
-    """Batch lines each route served per hour, read from the usage journal. Each hour file is
+    """What each route served of batches per hour (lines, busy minutes), read from the usage
+    journal: the hours of the history and the current one so far. Each hour file is
     read again only when it changed (the files of hours past change no more), so a create
     reads at most the newest files."""
 
@@ -63,12 +74,13 @@ class ServedHistory:
         self.dir = Path(data_dir) / USAGE_DIR
         self.files: dict[str, _HourFile] = {}
         self.lock = threading.Lock()
-        self.last: tuple[float, tuple[int, int], dict[str, dict[int, int]]] | None = None
+        self.last: tuple[float, tuple[int, int], dict[str, dict[int, Served]]] | None = None
         """When `served` last looked at the files, the directory's mtime and file count then,
         and what it found."""
 
-    def served(self, now: float) -> dict[str, dict[int, int]]:
-        """Route → (start of hour → lines served), the hours that ended within the history.
+    def served(self, now: float) -> dict[str, dict[int, Served]]:
+        """Route → (start of hour → what it served), the hours of the history and the current
+        one.
         Looked up again at most every `REFRESH_SECONDS` within an hour (a burst of creates stats
         the journal's files once), and at once when a new hour began or a file was added."""
         try:  # a file added or pruned changes both (the count, whatever the clock's grain)
@@ -85,14 +97,15 @@ class ServedHistory:
             self.last = (now, stamp, found)
             return found
 
-    def _read_all(self, now: float) -> dict[str, dict[int, int]]:
+    def _read_all(self, now: float) -> dict[str, dict[int, Served]]:
         current = int(now) // HOUR * HOUR
         start = current - HISTORY_WEEKS * WEEK_HOURS * HOUR
-        out: dict[str, dict[int, int]] = {}
+        lines: dict[str, dict[int, int]] = {}
+        minutes: dict[str, dict[int, set[int]]] = {}
         seen: set[str] = set()
         for path in sorted(self.dir.glob("*.jsonl")) if self.dir.is_dir() else []:
             hour = _hour_of(path.name)
-            if hour is None or not start <= hour < current:
+            if hour is None or not start <= hour <= current:
                 continue
             seen.add(path.name)
             try:
@@ -102,13 +115,17 @@ class ServedHistory:
             stamp = (st.st_mtime_ns, st.st_size)
             kept = self.files.get(path.name)
             if kept is None or kept.stamp != stamp:
-                kept = self.files[path.name] = _HourFile(stamp, _read(path))
-            for route, lines in kept.served.items():
-                by_hour = out.setdefault(route, {})
-                by_hour[hour] = by_hour.get(hour, 0) + lines
+                kept = self.files[path.name] = _read(path, stamp)
+            for route, n in kept.served.items():
+                by_hour = lines.setdefault(route, {})
+                by_hour[hour] = by_hour.get(hour, 0) + n
+                minutes.setdefault(route, {}).setdefault(hour, set()).update(kept.minutes[route])
         for name in set(self.files) - seen:
             del self.files[name]
-        return out
+        return {
+            route: {h: Served(n, len(minutes[route][h])) for h, n in by_hour.items()}
+            for route, by_hour in lines.items()
+        }
 
 
 def _hour_of(name: str) -> int | None:
@@ -119,8 +136,8 @@ def _hour_of(name: str) -> int | None:
     return int(hour.timestamp())
 
 
-def _read(path: Path) -> Tally[str]:
-    served: Tally[str] = Tally()
+def _read(path: Path, stamp: tuple[int, int]) -> _HourFile:
+    out = _HourFile(stamp)
     try:
         with path.open("rb") as f:
             for line in f:
@@ -129,10 +146,11 @@ def _read(path: Path) -> Tally[str]:
                 except (ValueError, TypeError):
                     continue  # a torn last line
                 if e.service_class == "batch" and e.status == "200":
-                    served[e.route] += 1
+                    out.served[e.route] += 1
+                    out.minutes.setdefault(e.route, set()).add(int(e.at) % HOUR // MINUTE)
     except FileNotFoundError:
         pass
-    return served
+    return out
 
 
 def first_model(store: Store, file_id: str, endpoint: str) -> str | None:

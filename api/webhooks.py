@@ -27,6 +27,7 @@ from api.schemas import COMMON_ERRORS, error_responses
 from backfill import refs
 from backfill import search_attributes as sa
 from backfill.config import Settings, configured_endpoints
+from backfill.webhook_reads import endpoints_made
 from backfill.webhooks import (
     DELIVERIES_MEMO,
     EVENT_TYPES,
@@ -148,15 +149,7 @@ def _with_secret(
 
 
 async def _made(client: Client, workspace: str) -> list[WebhookEndpoint]:
-    handle = client.get_workflow_handle_for(
-        refs.WebhookEndpointsWorkflow.run, endpoints_workflow_id(workspace)
-    )
-    try:
-        return await handle.query(refs.WebhookEndpointsWorkflow.endpoints)
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return []
-        raise
+    return await endpoints_made(client, workspace)
 
 
 @router.get("", response_model=WebhookEndpointList)

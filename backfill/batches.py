@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backfill.endpoints import ENDPOINTS as ENDPOINTS  # the batch endpoints: backfill.endpoints
 from backfill.endpoints import Endpoint as Endpoint
+from backfill.reasons import reason_text
 
 BatchStatus = Literal[
     "validating",
@@ -108,6 +109,9 @@ class RouteProgress(_Wire):
     state: str
     """`running`, `queued`, `paused`, `done`."""
     reason: str | None = None
+    reason_detail: str | None = None
+    """What the route's closed gate adds to `reason`: for `Held for maintenance`, `until` the
+    hold's end (ISO 8601). Said with the reason by `backfill.reasons.reason_text`."""
     queue_position: int | None = None
     running_lines: int = 0
     allotment: int = 0
@@ -122,6 +126,10 @@ class RouteProgress(_Wire):
     reprefill_tokens: int = 0
     """Tokens the runs that continued a kept partial answer sent again as prompt (the first
     prompt and the partial answer): not billed, counted for the operator."""
+
+    def shown_reason(self) -> str | None:
+        """The reason with its detail (`reason_text`); None when nothing holds lines back."""
+        return reason_text(self.reason, self.reason_detail) if self.reason else None
 
 
 class SubmitEstimate(_Wire):

@@ -39,6 +39,15 @@ async def add_route_reasons(
     )
     shared = {} if statuses is None else statuses
     await asyncio.gather(*(_one(client, batch, p, scheduled_only, shared) for p in waiting))
+    held = [p for p in waiting if p.reason == WaitReason.MAINTENANCE]
+    if (
+        ext.summary == QUEUED_SUMMARY
+        and held
+        and all(p.reason == WaitReason.MAINTENANCE for p in waiting if p.reason)
+    ):
+        # Not waiting for capacity: held until the hold's end (the last of them to end).
+        last = max(held, key=lambda p: p.reason_detail or "")
+        ext.summary = last.shown_reason()
 
 
 async def _status(client: Client, route: str) -> Any:
@@ -71,3 +80,5 @@ async def _one(
     if entry is not None and entry.reason is not None:
         p.reason = entry.reason
         p.queue_position = entry.queue_position
+        if entry.reason == status.reason:  # the route's closed gate: its detail goes with it
+            p.reason_detail = status.reason_detail

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["LEGITIMATE_WAITS", "QUEUED_SUMMARY", "WaitReason"]
+__all__ = ["LEGITIMATE_WAITS", "QUEUED_SUMMARY", "WaitReason", "reason_text"]
 
 
 class WaitReason(StrEnum):
@@ -43,3 +43,10 @@ LEGITIMATE_WAITS = frozenset(r for r in WaitReason if r.legitimate)
 
 QUEUED_SUMMARY = "Queued — waiting for capacity"
 """A batch's `backfill.summary` while it has lines held back and none running."""
+
+
+def reason_text(reason: str, detail: str | None = None) -> str:
+    """A wait reason as every reader of a batch says it (the api's summary, the CLI, the
+    console): with its gate's detail when there is one, e.g. `Held for maintenance until
+    2026-12-05T02:30:00+00:00` (the hold's end)."""
+    return f"{reason} {detail}" if detail else reason

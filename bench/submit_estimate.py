@@ -4,9 +4,10 @@ A route's trace of batch capacity (lines per minute it can give batches) and of 
 is replayed minute by minute through a fluid model of the route's fair shares (each batch that
 wants lines gets an equal part of the minute's capacity, what one cannot use goes to the
 others). What the route served each hour is the journal the estimate reads; each batch created
-after the first `HISTORY_WEEKS` weeks gets the real estimate (`backfill.submit_estimate.estimate`)
-from that journal and from what the batches on the route still want at that moment, and is
-compared with when the replay finished it.
+after the first `HISTORY_WEEKS` weeks (with `--cold`, every batch from the route's first minute)
+gets the real estimate (`backfill.submit_estimate.estimate`) from that journal (lines and busy
+minutes per hour, the current hour so far included) and from what the batches on the route still
+want at that moment, and is compared with when the replay finished it.
 
 The trace (seeded): the route's batch capacity follows the day, as live traffic leaves it
 (00-08 UTC `night`, 08-20 `day`, 20-24 the mean of both, lines per hour), each hour scaled by a
@@ -18,6 +19,7 @@ Not modelled: deadline-aware precedence (decision 0038), lines of different leng
 
     PYTHONPATH=. .venv/bin/python -m bench.submit_estimate --load moderate
     PYTHONPATH=. .venv/bin/python -m bench.submit_estimate --load heavy
+    PYTHONPATH=. .venv/bin/python -m bench.submit_estimate --load moderate --cold --weeks 3
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from backfill.submit_estimate import (
     HOUR,
     WEEK_HOURS,
     RouteWork,
+    Served,
     estimate,
     hour_of_week,
 )
@@ -73,7 +76,14 @@ def capacity_per_hour(t: int, night: float, day: float) -> float:
 
 
 def run(
-    *, load: str, weeks: int, seed: int, night: float, day: float, noise: float
+    *,
+    load: str,
+    weeks: int,
+    seed: int,
+    night: float,
+    day: float,
+    noise: float,
+    cold: bool = False,
 ) -> dict[str, object]:
     rng = random.Random(seed)
     per_day, median = LOADS[load]
@@ -89,13 +99,14 @@ def run(
         window = rng.choices([24, 48, 72, 168], weights=[70, 10, 10, 10])[0]
         jobs.append(Job(len(jobs), int(t), lines, int(t) + window * HOUR, float(lines)))
     factors = [1 + rng.uniform(-noise, noise) for _ in range(weeks * WEEK_HOURS + 1)]
-    served: dict[int, int] = {}
+    served: dict[int, Served] = {}
     served_frac: dict[int, float] = {}
+    busy: dict[int, int] = {}
     active: list[Job] = []
     pending = list(jobs)
     offered = sum(j.lines for j in jobs)
     capacity_total = 0.0
-    history_from = START + HISTORY_WEEKS * WEEK_HOURS * HOUR
+    history_from = START if cold else START + HISTORY_WEEKS * WEEK_HOURS * HOUR
     for now in range(START, end, MINUTE):
         while pending and pending[0].created <= now:
             job = pending.pop(0)
@@ -113,6 +124,8 @@ def run(
         # Water-filling: equal parts, what a batch cannot use goes to the others.
         left = cap
         waiting = sorted(active, key=lambda j: j.left)
+        if waiting:
+            busy[hour] = busy.get(hour, 0) + 1
         for i, job in enumerate(waiting):
             part = left / (len(waiting) - i)
             take = min(part, job.left)
@@ -122,7 +135,8 @@ def run(
             if job.left <= 1e-9:
                 job.finished = now + MINUTE
         active = [j for j in active if j.finished is None]
-        served[hour] = int(served_frac[hour]) if hour in served_frac else 0
+        if hour in served_frac:
+            served[hour] = Served(int(served_frac[hour]), busy.get(hour, 0))
     measured = [j for j in jobs if j.created >= history_from and j.finished is not None]
     with_est = [j for j in measured if j.est_finish is not None]
     errors_h = [((j.est_finish or 0) - (j.finished or 0)) / HOUR for j in with_est]
@@ -133,6 +147,7 @@ def run(
     missed = [j for j in measured if (j.finished or 0) > j.expires]
     flagged = [j for j in measured if j.est_ok is False]
     both = [j for j in flagged if (j.finished or 0) > j.expires]
+    unknown = [j for j in measured if j.est_ok is None]
 
     def q(xs: list[float], p: float) -> float | None:
         if not xs:
@@ -142,6 +157,7 @@ def run(
 
     return {
         "load": load,
+        "cold": cold,
         "seed": seed,
         "utilisation": round(offered / capacity_total, 2),
         "batches_estimated": len(measured),
@@ -156,6 +172,8 @@ def run(
         "flagged_likely_to_miss": len(flagged),
         "flagged_and_missed": len(both),
         "missed_not_flagged": len(missed) - len(both),
+        "flagged_but_finished_in_window": len(flagged) - len(both),
+        "window_unknown": len(unknown),
     }
 
 
@@ -167,6 +185,9 @@ def main() -> None:
     ap.add_argument("--night", type=float, default=600.0, help="lines per hour, 00-08 UTC")
     ap.add_argument("--day", type=float, default=120.0, help="lines per hour, 08-20 UTC")
     ap.add_argument("--noise", type=float, default=0.15)
+    ap.add_argument(
+        "--cold", action="store_true", help="a new route: every batch estimated, from no history"
+    )
     args = ap.parse_args()
     for seed in range(1, args.seeds + 1):
         out = run(
@@ -176,6 +197,7 @@ def main() -> None:
             night=args.night,
             day=args.day,
             noise=args.noise,
+            cold=args.cold,
         )
         print(json.dumps(out))
 

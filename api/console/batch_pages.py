@@ -40,7 +40,7 @@ def why_it_waits(batch: Batch) -> list[str]:
     for r in ext.routes:
         if r.reason:
             place = f" (place {r.queue_position} in the queue)" if r.queue_position else ""
-            out.append(f"{r.route}: {r.reason}{place}")
+            out.append(f"{r.route}: {r.shown_reason()}{place}")
     return out
 
 

@@ -41,13 +41,25 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 class Cli:
     """`backfill batch <args>` as a child process; its output collected as it comes."""
 
-    def __init__(self, stack: Stack, args: list[str], cwd: Path, *, tty: bool) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        args: list[str],
+        cwd: Path,
+        *,
+        tty: bool,
+        columns: int = 180,
+        env_extra: dict[str, str] | None = None,
+    ) -> None:
+        """`columns`: the terminal's width (with `tty`); `env_extra`: variables to set (the
+        stack's base URL and key are set unless given here)."""
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "OPENAI_BASE_URL": f"{stack.api_url}/v1",
             "OPENAI_API_KEY": stack.key(),
             "TERM": "xterm-256color",
+            **(env_extra or {}),
         }
         env.pop("COLUMNS", None)
         argv = [sys.executable, "-m", "tools", "batch", *args]
@@ -55,7 +67,7 @@ class Cli:
         self.lock = threading.Lock()
         if tty:
             master, child = pty.openpty()
-            fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
+            fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
             self.proc = subprocess.Popen(
                 argv, stdin=child, stdout=child, stderr=child, env=env, cwd=cwd
             )

@@ -6,21 +6,29 @@ process on a pseudo-terminal and one without a terminal, against the real stack.
 - `list`'s "why it waits" column says what the progress bar says;
 - `get` on a paused batch says paused, not a pace that is "not moving";
 - a second `retry --only failed` of the same original never sends a custom_id an earlier retry
-  completed."""
+  completed, and `retry --wait --dir DIR` makes DIR (issue 48);
+- issue 48: `--help` needs no key; an invalid `--window` is refused before anything is uploaded;
+  a base URL without `/v1` says so; at 80 columns the bar's status and count are never cut."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from rich.console import Console
 
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import auth, input_ids, jsonl
-from tests.e2e.test_cli import CLI_STACK, Cli, cli
+from tests.e2e.test_cli import CLI_STACK, ROOT, Cli, cli
 from tests.polling import poll_until
+from tools.client.watching import Bar, View
 from tools.sim import SimConfig
 from tools.sim.faults import SimFault
 
@@ -128,24 +136,31 @@ async def test_a_second_retry_never_sends_what_an_earlier_retry_completed(
         what="the original to list its first retry",
         interval=0.2,
     )
-    # The second retry of the same original (on a terminal this time): only the 4 left.
+    # The second retry of the same original (on a terminal this time): only the 4 left, saved
+    # in a directory that does not exist yet (made first, as `watch --download-to` does).
+    later = tmp_path / "not" / "yet"
     rc, out = await run_cli(
-        stack, "retry", original, "--wait", "--dir", str(tmp_path), cwd=tmp_path, tty=True
+        stack, "retry", original, "--wait", "--dir", str(later), cwd=tmp_path, tty=True
     )
     assert rc == 0, out
+    assert "Traceback" not in out, out
     second = re.search(r"Created (batch_\w+): 4 failed lines", out)
     assert second is not None, out
     second_done = {
         json.loads(x)["custom_id"]
-        for x in (tmp_path / f"{second.group(1)}.output.jsonl").read_text().splitlines()
+        for x in (later / f"{second.group(1)}.output.jsonl").read_text().splitlines()
     }
     assert second_done == failed - first_done
 
     # Every custom_id completed exactly once over the original and its retries.
     done = [
         json.loads(x)["custom_id"]
-        for name in ("in", first, second.group(1))
-        for x in (tmp_path / f"{name}.output.jsonl").read_text().splitlines()
+        for path in (
+            tmp_path / "in.output.jsonl",
+            tmp_path / f"{first}.output.jsonl",
+            later / f"{second.group(1)}.output.jsonl",
+        )
+        for x in path.read_text().splitlines()
     ]
     assert sorted(done) == sorted(input_ids("r", n))
 
@@ -159,3 +174,77 @@ async def test_a_second_retry_never_sends_what_an_earlier_retry_completed(
     )
     rc, out = await cli(stack, "retry", original, cwd=tmp_path)
     assert rc == 2 and "were completed by its retries" in out, out
+
+
+def test_help_needs_no_key(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env["PYTHONPATH"] = str(ROOT)
+    for args in (["--help"], ["submit", "--help"], ["retry", "--help"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "tools", "batch", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Usage: backfill batch" in done.stdout, done.stdout
+        assert "OPENAI_API_KEY" not in done.stderr, done.stderr
+
+
+async def test_bad_window_and_base_url_are_refused_before_anything_is_sent(
+    lease_stack: MakeStack, tmp_path: Path
+) -> None:
+    stack = await lease_stack(**CLI_STACK)
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(3, prefix="w"))
+    client = stack.client()
+    before = [f.id async for f in client.files.list()]
+
+    rc, out = await cli(stack, "submit", str(source), "--window", "5h", cwd=tmp_path)
+    assert rc == 2, out
+    assert "'5h' is not a completion window: one of 24h, 48h, 72h, 168h" in out, out
+    assert [f.id async for f in client.files.list()] == before  # no orphaned upload
+
+    # The base URL without /v1: the server has no /files; the CLI names the fix.
+    run = Cli(
+        stack,
+        ["submit", str(source)],
+        tmp_path,
+        tty=False,
+        env_extra={"OPENAI_BASE_URL": stack.api_url},
+    )
+    try:
+        rc = await run.wait(120)
+    finally:
+        run.stop()
+    out = run.text()
+    assert rc == 2, out
+    assert f"Set OPENAI_BASE_URL (or --base-url) to {stack.api_url}/v1" in out, out
+    assert "Traceback" not in out, out
+
+
+def test_at_80_columns_the_bar_never_cuts_its_count() -> None:
+    """A long wait reason and at risk on an 80-column terminal: the status and `57/1000` are
+    whole (they read `in_…` and nothing, or `57/1…`, before); the texts after them wrap."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, force_terminal=True, color_system=None)
+    bar = Bar(console)
+    bar.show(
+        View(
+            batch_id="batch_x",
+            status="in_progress",
+            total=1000,
+            completed=57,
+            failed=0,
+            lines_per_second=12.3,
+            eta_seconds=3600,
+            reason="Queued — waiting for capacity",
+            at_risk=True,
+        )
+    )
+    bar.close()
+    shown = buf.getvalue()
+    assert "57/1000" in shown and "in_progress" in shown, shown
+    assert "…" not in shown, shown

@@ -23,7 +23,7 @@ import uvicorn
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from api.app import create_app
 from backfill import tracing
@@ -197,6 +197,24 @@ async def test_one_batch_line_is_one_trace_from_the_create_request_to_the_upstre
     reads = [s for s in finished if s.name == "GET /v1/batches/{batch_id}"]
     assert reads and all((s.attributes or {})[tracing.BATCH_ID] == batch.id for s in reads)
     assert_no_content(finished)
+
+    # The batch's end announces its webhook event; the workspace has no endpoint, a normal
+    # absence: no span of that trace is an ERROR (a query of the endpoints workflow that does
+    # not exist was one).
+    announced = await poll_until(
+        lambda: [
+            s for s in spans.get_finished_spans() if s.name == "RunActivity:announce_webhook_event"
+        ],
+        timeout=60,
+        what="the batch's end to announce its webhook event",
+    )
+    ending = {s.context.trace_id for s in announced}
+    errors = [
+        s.name
+        for s in spans.get_finished_spans()
+        if s.context.trace_id in ending and s.status.status_code == StatusCode.ERROR
+    ]
+    assert errors == [], errors
 
 
 async def test_a_live_request_is_traced_to_its_upstream_call(

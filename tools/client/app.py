@@ -12,6 +12,7 @@ import typer
 from openai.types import Batch
 from rich.console import Console
 
+from backfill.batches import COMPLETION_WINDOWS
 from tools.client.connection import DEFAULT_BASE_URL, CommandError, Connection
 from tools.client.watching import watch
 from tools.client.wording import headline, input_errors
@@ -31,10 +32,22 @@ Interval = Annotated[float, typer.Option(help="Seconds between two looks at the 
 
 
 def conn_of(ctx: typer.Context) -> Connection:
-    return cast(Connection, ctx.obj)
+    """The command's connection, made when a command first needs the server (so `--help` and
+    refused options need no key)."""
+    root = ctx.find_root()
+    if isinstance(root.obj, Connection):
+        return root.obj
+    import os
+
+    key = os.environ.get("OPENAI_API_KEY", "").strip()
+    if not key:
+        raise CommandError("Set OPENAI_API_KEY to your API key.")
+    conn = Connection(cast(str, root.obj), key)
+    root.obj = conn
+    root.call_on_close(conn.close)
+    return conn
 
 
-@app.callback()
 @app.callback()
 def connect(
     ctx: typer.Context,
@@ -42,13 +55,16 @@ def connect(
         str, typer.Option("--base-url", envvar="OPENAI_BASE_URL", help="The server's /v1 URL.")
     ] = DEFAULT_BASE_URL,
 ) -> None:
-    import os
+    ctx.obj = base_url  # the connection is made by `conn_of`, when a command needs it
 
-    key = os.environ.get("OPENAI_API_KEY", "").strip()
-    if not key:
-        raise CommandError("Set OPENAI_API_KEY to your API key.")
-    ctx.obj = Connection(base_url, key)
-    ctx.call_on_close(ctx.obj.close)
+
+def check_window(window: str | None) -> str | None:
+    """A completion window the server accepts, checked before anything is uploaded."""
+    if window is not None and window not in COMPLETION_WINDOWS:
+        raise typer.BadParameter(
+            f"{window!r} is not a completion window: one of {', '.join(COMPLETION_WINDOWS)}"
+        )
+    return window
 
 
 def metadata_of(pairs: list[str]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from tools.client import results as _results  # noqa: F401  (registers download 
 from tools.client.app import (
     Interval,
     app,
+    check_window,
     conn_of,
     err,
     exit_code,
@@ -38,7 +39,9 @@ def submit(
     endpoint: Annotated[str, typer.Option(help="The endpoint of every line.")] = (
         "/v1/chat/completions"
     ),
-    window: Annotated[str, typer.Option(help="The completion window: 24h ... 168h.")] = "24h",
+    window: Annotated[
+        str, typer.Option(help="The completion window: 24h ... 168h.", callback=check_window)
+    ] = "24h",
     metadata: Annotated[
         list[str] | None, typer.Option(help="key=value, repeatable.", show_default=False)
     ] = None,
@@ -122,7 +125,11 @@ def list_(
             print("\t".join(row))
         return 0
     table = Table(*header)
-    table.columns[0].no_wrap = True
+    # The id, the status and the counts are never cut on a narrow terminal: the other
+    # columns wrap.
+    for i in range(5):
+        table.columns[i].no_wrap = True
+        table.columns[i].min_width = max(len(row[i]) for row in (header, *rows))
     for row in rows:
         table.add_row(*row)
     out.print(table)

@@ -59,6 +59,9 @@ class Connection:
             resp = self.http.request(method, path, params=params or None)
         except httpx.HTTPError as err:
             raise CommandError(f"Cannot reach {self.base_url}: {err}", 1) from None
+        hint = no_such_path(str(resp.request.url), resp.status_code, _message(_json(resp), ""))
+        if hint is not None:
+            raise CommandError(hint, 2)
         if resp.status_code == 404 and "error" not in _json(resp):
             raise CommandError(
                 f"{self.base_url} has no {path.split('/')[-1]} endpoint: is it a backfill?", 2
@@ -89,11 +92,27 @@ def _message(body: dict[str, Any], fallback: str) -> str:
     return fallback[:500]
 
 
+def no_such_path(url: str, status: int, message: str) -> str | None:
+    """What to say for a 404 on a path the server does not have (its message a bare "Not
+    Found", not a missing object's) when the URL is not under /v1: the base URL lacks it."""
+    path = httpx.URL(url).path
+    if status != 404 or message.strip() not in ("Not Found", "") or "/v1/" in path + "/":
+        return None
+    cut = min((i for i in (path.find("/files"), path.find("/batches")) if i >= 0), default=0)
+    base = url[: len(url) - len(path)] + path[:cut].rstrip("/")
+    return (
+        f"{url} answered 404 Not Found: the base URL must be the server's /v1 URL. "
+        f"Set OPENAI_BASE_URL (or --base-url) to {base}/v1"
+    )
+
+
 def api_error(err: openai.OpenAIError) -> CommandError:
     """The SDK's error as the message the server sent."""
     if isinstance(err, openai.APIStatusError):
         body = err.body if isinstance(err.body, dict) else {}
         message = _message({"error": body} if "message" in body else body, str(err))
+        url = str(err.response.request.url)
+        message = no_such_path(url, err.status_code, message) or message
         return CommandError(message, 2 if err.status_code < 500 else 1)
     if isinstance(err, openai.APIConnectionError):
         return CommandError(f"Cannot reach the server: {err}", 1)

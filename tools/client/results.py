@@ -14,6 +14,7 @@ from openai.types import Batch
 from tools.client.app import (
     Interval,
     app,
+    check_window,
     conn_of,
     follow,
     make_dir,
@@ -108,7 +109,9 @@ def retry(
             show_default=False,
         ),
     ] = None,
-    window: Annotated[str | None, typer.Option(help="Default: the original's.")] = None,
+    window: Annotated[
+        str | None, typer.Option(help="Default: the original's.", callback=check_window)
+    ] = None,
     metadata: Annotated[list[str] | None, typer.Option(show_default=False)] = None,
     wait: Annotated[bool, typer.Option(help="Watch it to the end, then save its files.")] = False,
     directory: Annotated[Path, typer.Option("--dir", file_okay=False)] = Path("."),
@@ -120,8 +123,10 @@ def retry(
         kinds = parse_kinds(only)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--only") from None
-    conn = conn_of(ctx)
     meta = metadata_of(metadata or [])
+    if wait:  # made now: a path that cannot be a directory fails before anything is created
+        make_dir(directory, "--dir")
+    conn = conn_of(ctx)
     batch = conn.openai.batches.retrieve(batch_id)
     if batch.status not in TERMINAL:
         raise CommandError(

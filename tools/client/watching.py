@@ -13,8 +13,10 @@ from typing import Any
 from openai.types import Batch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Column
 
 from backfill.eta import ProgressLog, Sample, estimate
+from backfill.reasons import reason_text
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 PLAIN_EVERY_SECONDS = 5.0
@@ -80,7 +82,7 @@ def wait_reason(batch: Batch) -> str:
     if ext.get("paused"):
         return f"Paused by {ext.get('paused_by') or 'an operator'}"
     reasons = [
-        f"{r.get('model') or r.get('route')}: {r['reason']}"
+        f"{r.get('model') or r.get('route')}: {reason_text(r['reason'], r.get('reason_detail'))}"
         for r in ext.get("routes") or []
         if isinstance(r, dict) and r.get("reason")
     ]
@@ -123,12 +125,19 @@ class Bar:
     """The live progress bar (rich), redrawn in place."""
 
     def __init__(self, console: Console) -> None:
+        # The status and the count are never cut (a narrow terminal showed `57/1…`): they keep
+        # their width (set from the total in `show`), the texts after them wrap instead.
+        self.count = MofNCompleteColumn(table_column=Column(no_wrap=True))
+        self.status = TextColumn("[bold]{task.fields[status]}", table_column=Column(no_wrap=True))
         self.progress = Progress(
-            TextColumn("[bold]{task.fields[status]}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("· {task.fields[failed]} failed · {task.fields[rate]} · {task.fields[eta]}"),
-            TextColumn("{task.fields[reason]}"),
+            self.status,
+            BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
+            self.count,
+            TextColumn(
+                "· {task.fields[failed]} failed · {task.fields[rate]} · {task.fields[eta]}",
+                table_column=Column(ratio=2, overflow="fold"),
+            ),
+            TextColumn("{task.fields[reason]}", table_column=Column(ratio=2, overflow="fold")),
             console=console,
             refresh_per_second=4,
         )
@@ -142,6 +151,10 @@ class Bar:
             "eta": view.eta_text(),
             "reason": ("[red]at risk of expiring[/] " if view.at_risk else "") + view.reason,
         }
+        column = self.count.get_table_column()
+        column.min_width = max(column.min_width or 0, 2 * len(str(view.total)) + 1)
+        status = self.status.get_table_column()
+        status.min_width = max(status.min_width or 0, len(view.status))
         if self.task is None:
             self.progress.start()
             self.progress.console.print(

@@ -39,9 +39,14 @@ def estimate_line(ext: dict[str, Any]) -> str | None:
     if not isinstance(est, dict):
         return None
     ahead = f"{est.get('lines_ahead', 0)} lines queued before it"
-    if est.get("window_achievable") is None:
-        return f"none (no throughput history on its route); {ahead}"
     finish = est.get("expected_finish_at")
+    if est.get("window_achievable") is None:
+        if not finish:
+            return f"none (not enough throughput history on its route); {ahead}"
+        return (
+            f"expected to finish {utc_time(finish)} at the route's pace now, window not known "
+            f"(no history for some of its hours); {ahead}"
+        )
     expected = f"expected to finish {utc_time(finish)}" if finish else "not expected within weeks"
     verdict = "window looks achievable" if est["window_achievable"] else "LIKELY TO MISS its window"
     return f"{expected}, {verdict}; {ahead}"
