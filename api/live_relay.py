@@ -16,6 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from prometheus_client import Counter
+
+CLIENTS_CUT = Counter(
+    "gateway_live_clients_cut_total",
+    "Live clients cut for taking nothing of their answer for limits.live_stall_seconds.",
+    ["route"],
+)
+
 
 class RelayBudget:
     """Bytes held by every `RelayBuffer` of the process, at most `total`. One per app."""

@@ -35,7 +35,7 @@ from api.connection_cut import cut
 from api.deps import Identity, IdentityDep, SettingsDep, WriterDep, get_http
 from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
 from api.live_limits import take_live_slot
-from api.live_relay import RelayBudget, RelayBuffer
+from api.live_relay import CLIENTS_CUT, RelayBudget, RelayBuffer
 from api.live_traffic import LiveCount, LiveTraffic
 from api.live_usage import UsageReader
 from api.request_id import request_id
@@ -367,8 +367,8 @@ class UpstreamResponse(Response):
         log.warning(
             "live client on %s read nothing for %.0f s: cut", self.route, self.terms.stall_seconds
         )
-        self.status = "client_stalled"
-        return False
+        CLIENTS_CUT.labels(self.route).inc()
+        return False  # the status stays the upstream's, as for a client that leaves mid-answer
 
     def _upstream_done(self) -> None:
         """The model server's side is over: the route stops counting this request."""

@@ -709,17 +709,23 @@ async def wait_in_flight(stack: Stack, at_least: int, within: float = 120) -> No
     )
 
 
-async def live_in_flight(stack: Stack) -> float:
-    """The api's `gateway_live_in_flight` of the stack's route: its live count there."""
+async def route_metric(stack: Stack, name: str) -> float | None:
+    """The sample `name` of the stack's route on the api's `/metrics` (None: not there)."""
     async with httpx.AsyncClient() as http:
         text = (await http.get(f"{stack.api_url}/metrics", headers=auth("sk-test-auditor"))).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "gateway_live_in_flight" and sample.labels == {
-                "route": stack.route_id
-            }:
+            if sample.name == name and sample.labels == {"route": stack.route_id}:
                 return sample.value
-    raise AssertionError(f"no gateway_live_in_flight for {stack.route_id}")
+    return None
+
+
+async def live_in_flight(stack: Stack) -> float:
+    """The api's `gateway_live_in_flight` of the stack's route: its live count there."""
+    value = await route_metric(stack, "gateway_live_in_flight")
+    if value is None:
+        raise AssertionError(f"no gateway_live_in_flight for {stack.route_id}")
+    return value
 
 
 def input_ids(prefix: str, n: int) -> list[str]:

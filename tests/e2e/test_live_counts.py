@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 
 from tests.conftest import TemporalServer
-from tests.e2e.stack import Stack, live_in_flight
+from tests.e2e.stack import Stack, live_in_flight, route_metric
 from tests.polling import poll_until
 from tools.sim import SimConfig
 from tools.sim.stats import ABORTED
@@ -101,6 +101,11 @@ async def open_unread(stack: Stack, key: str, body: bytes) -> socket.socket:
     ).encode()
     await loop.sock_sendall(sock, head + body)
     return sock
+
+
+async def cuts(stack: Stack) -> float:
+    """The api's `gateway_live_clients_cut_total` of the stack's route (0 before the first)."""
+    return await route_metric(stack, "gateway_live_clients_cut_total") or 0.0
 
 
 def tcp_state(sock: socket.socket) -> int:
@@ -236,6 +241,7 @@ async def test_a_client_that_reads_nothing_is_cut_and_the_upstream_closed(
                 await live_in_flight(stalling),
             )
 
+        assert await cuts(stalling) == 0
         # Cut: the connection reset while the client still reads nothing (a close would wait
         # for the unsent bytes forever), the simulator told the client left mid-answer, and the
         # live count back at 0.
@@ -246,5 +252,6 @@ async def test_a_client_that_reads_nothing_is_cut_and_the_upstream_closed(
             what="(tcp state, open at the simulator, aborted there, live count) = (CLOSE, 0, 1, 0)",
             interval=0.2,
         )
+        assert await cuts(stalling) == 1  # counted for the operator
     finally:
         sock.close()
