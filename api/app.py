@@ -29,6 +29,7 @@ from api import (
 from api import results as partial_results
 from api.console.sampler import RouteSampler
 from api.live_limits import LiveLimits
+from api.live_relay import RelayBudget
 from api.live_reporter import LiveReporter
 from api.live_traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
@@ -65,6 +66,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         app.state.live_limits = LiveLimits()
+        app.state.live_budget = RelayBudget(settings.limits.live_buffer_total_bytes)
         if client is not None:
             link = TemporalLink.connected(client)
         else:

@@ -9,8 +9,10 @@ Every endpoint the registry (`backfill.endpoints`) marks `live` (`POST /v1/chat/
 `priority` is dropped (only the gateway sets it, on batch lines); no client header but `Accept`
 goes upstream (so never `X-Backfill-Batch`). The response is relayed as it arrives, byte for
 byte, so SSE streams token by token. Each request is counted in flight on its route
-(`api.live_traffic`) until its last byte is sent, the client disconnects, or it fails.
-Nothing here touches Temporal.
+(`api.live_traffic`, at most `max_live_counted` of one workspace) until the model server's answer
+has been received whole (held for the client within `limits.live_buffer_bytes`, `api.live_relay`),
+the client disconnects, or it fails; a client that reads nothing for `limits.live_stall_seconds`
+is cut. Nothing here touches Temporal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -26,12 +29,14 @@ import httpx
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from api.connection_cut import cut
 from api.deps import Identity, IdentityDep, SettingsDep, WriterDep, get_http
 from api.errors import APIError, InvalidRequest, NotFound, PayloadTooLarge
 from api.live_limits import take_live_slot
-from api.live_traffic import LiveTraffic
+from api.live_relay import CLIENTS_CUT, RelayBudget, RelayBuffer
+from api.live_traffic import LiveCount, LiveTraffic
 from api.live_usage import UsageReader
 from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
@@ -49,6 +54,9 @@ log = logging.getLogger(__name__)
 
 LIVE_ROUTING_KEY = "live"
 """Stands in for the batch id when a live request's route is chosen (by its request id)."""
+CUT_HEARD_WITHIN_SECONDS = 1.0
+"""How long a cut client's exchange waits to hear the reset (it comes at once) before it ends
+anyway."""
 ERROR_BODY_LIMIT = 64 * 1024
 """An upstream error body larger than this is not passed through (only its start is quoted)."""
 _HOP_BY_HOP = frozenset(
@@ -201,7 +209,15 @@ async def _forward(
         if journal is not None:
             journal.record(payer.entry(rid, status, prompt_tokens, completion_tokens))
 
-    return UpstreamResponse(http, upstream, live, route.id, account, spec.usage)
+    terms = RelayTerms(
+        route=route.id,
+        workspace=identity.workspace,
+        share=settings.workspace_limits(identity.workspace).max_live_counted,
+        buffer_bytes=settings.limits.live_buffer_bytes,
+        stall_seconds=settings.limits.live_stall_seconds,
+    )
+    budget: RelayBudget = request.app.state.live_budget
+    return UpstreamResponse(http, upstream, live, terms, budget, account, spec.usage)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -253,24 +269,44 @@ def _model_or_404(settings: Settings, name: str, identity: Identity) -> ModelCon
     return model
 
 
-class UpstreamResponse(Response):
-    """Sends `upstream` and relays its answer; counted in flight on `route` meanwhile.
+@dataclass(frozen=True)
+class RelayTerms:
+    """How one live answer is counted and relayed."""
 
-    The whole exchange runs inside this ASGI call, under one `LiveTraffic.in_flight`, so the
-    count ends however it does: last byte sent, client gone (watched on `receive`, which also
-    closes the upstream request), upstream failure, or cancellation."""
+    route: str
+    workspace: str = ""
+    share: int | None = None
+    """The workspace's `max_live_counted`: its most requests counted on the route at once."""
+    buffer_bytes: int = 1024 * 1024
+    """`limits.live_buffer_bytes`: the most of the answer read ahead of the client."""
+    stall_seconds: float = 30.0
+    """`limits.live_stall_seconds`: a client that takes nothing this long is cut."""
+
+
+class UpstreamResponse(Response):
+    """Sends `upstream` and relays its answer; counted in flight on the route meanwhile.
+
+    The whole exchange runs inside this ASGI call. The route's count (`LiveTraffic.take`) ends
+    as soon as the model server's side does: the answer read whole into the relay buffer
+    (`api.live_relay`), upstream failure, the client gone (watched on `receive`, which also
+    closes the upstream request), or cancellation; the client may still be reading then. A
+    client that takes nothing for `stall_seconds` is cut (`api.connection_cut`) and the
+    upstream request closed."""
 
     def __init__(
         self,
         http: httpx.AsyncClient,
         upstream: httpx.Request,
         live: LiveTraffic,
-        route: str,
+        terms: RelayTerms,
+        budget: RelayBudget,
         account: Callable[[str, int, int], None] | None = None,
         usage: UsageFields = CHAT_USAGE,
     ) -> None:
         super().__init__()
-        self.http, self.upstream, self.live, self.route = http, upstream, live, route
+        self.http, self.upstream, self.live, self.terms = http, upstream, live, terms
+        self.route = terms.route
+        self.budget = budget
         self.started = time.monotonic()
         self.account = account
         """Journals the attempt: (status or error code, prompt tokens, completion tokens)."""
@@ -278,6 +314,7 @@ class UpstreamResponse(Response):
         self.usage = usage
         """Where the endpoint's answers keep their usage."""
         self.reader: UsageReader | None = None
+        self.count: LiveCount | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.started = time.monotonic()
@@ -285,7 +322,7 @@ class UpstreamResponse(Response):
         with tracing.upstream_span(self.upstream.url.path, self.route, rid) as span:
             tracing.inject(self.upstream.headers)  # this span is the upstream's parent
             try:
-                await self._counted(receive, send)
+                await self._counted(scope, receive, send)
             finally:
                 code = int(self.status) if self.status.isdigit() else None
                 tracing.answered(span, code, None if code else self.status)
@@ -297,8 +334,9 @@ class UpstreamResponse(Response):
             self.account(self.status, *(self.reader.tokens() if self.reader else (0, 0)))
         LIVE_REQUEST_SECONDS.labels(self.route, "total").observe(time.monotonic() - self.started)
 
-    async def _counted(self, receive: Receive, send: Send) -> None:
-        with self.live.in_flight(self.route):
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t = self.terms
+        with self.live.in_flight(t.route, t.workspace, t.share) as self.count:
             async with anyio.create_task_group() as tasks:
 
                 async def until_disconnect() -> None:
@@ -307,61 +345,118 @@ class UpstreamResponse(Response):
                     tasks.cancel_scope.cancel()
 
                 tasks.start_soon(until_disconnect)
+                cut_off = False
                 try:
-                    await self._relay(send)
+                    cut_off = await self._relay(send)
                 finally:
+                    if cut_off and cut(scope):
+                        self.count.release()
+                        # The reset reaches `until_disconnect` at once, which ends the exchange
+                        # (uvicorn then knows the client is gone: nothing to close, nothing
+                        # logged).
+                        with anyio.move_on_after(CUT_HEARD_WITHIN_SECONDS):
+                            await anyio.sleep_forever()
                     tasks.cancel_scope.cancel()
 
-    async def _relay(self, send: Send) -> None:
+    async def _send(self, send: Send, message: Message) -> bool:
+        """Send `message` to the client; False when the client took nothing for
+        `stall_seconds` (it is then to be cut)."""
+        with anyio.move_on_after(self.terms.stall_seconds):
+            await send(message)
+            return True
+        log.warning(
+            "live client on %s read nothing for %.0f s: cut", self.route, self.terms.stall_seconds
+        )
+        CLIENTS_CUT.labels(self.route).inc()
+        return False  # the status stays the upstream's, as for a client that leaves mid-answer
+
+    def _upstream_done(self) -> None:
+        """The model server's side is over: the route stops counting this request."""
+        if self.count is not None:
+            self.count.release()
+
+    async def _relay(self, send: Send) -> bool:
+        """Relays the answer; True when the client stalled and is to be cut."""
         try:
             resp = await self.http.send(self.upstream, stream=True)
         except httpx.PoolTimeout as err:
             self.status = "gateway_busy"
+            self._upstream_done()
             await _send_error(send, _gateway_error(503, "is busy", err, "gateway_busy"))
-            return
+            return False
         except httpx.TimeoutException as err:
             self.status = "upstream_timeout"
+            self._upstream_done()
             await _send_error(
                 send, _gateway_error(504, "did not answer in time", err, "upstream_timeout")
             )
-            return
+            return False
         except httpx.HTTPError as err:
             self.status = "upstream_unavailable"
+            self._upstream_done()
             await _send_error(
                 send, _gateway_error(502, "could not be reached", err, "upstream_unavailable")
             )
-            return
+            return False
         self.status = str(resp.status_code)
         try:
             if resp.status_code >= 400:
                 await self._relay_error(resp, send)
-                return
+                return False
             headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP_BY_HOP]
-            await send(
-                {"type": "http.response.start", "status": resp.status_code, "headers": headers}
-            )
+            start = {"type": "http.response.start", "status": resp.status_code, "headers": headers}
+            if not await self._send(send, start):
+                return True
             content_type = resp.headers.get("content-type", "")
             self.reader = UsageReader(content_type, self.usage)
-            streamed = content_type.startswith("text/event-stream")
-            try:
-                first = True
-                async for chunk in resp.aiter_raw():
-                    if chunk:
-                        self.reader.feed(chunk)
-                        if first:  # time to first token, for a stream
-                            first = False
-                            ttft = time.monotonic() - self.started
-                            LIVE_REQUEST_SECONDS.labels(self.route, "ttft").observe(ttft)
-                            if streamed:
-                                self.live.record_ttft(self.route, ttft)
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as err:
-                # Too late for a status: end without completing, so the client sees the break.
-                log.warning("upstream %s broke off mid-response: %s", self.route, err)
-                return
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            buffer = RelayBuffer(self.terms.buffer_bytes, self.budget)
+            stalled = False
+            async with anyio.create_task_group() as reading:
+                reading.start_soon(self._read, resp, buffer, content_type)
+                try:
+                    stalled = await self._write(send, buffer)
+                finally:
+                    reading.cancel_scope.cancel()  # the client stalled or left: stop reading
+                    buffer.close()
+            return stalled
         finally:
             await resp.aclose()
+
+    async def _write(self, send: Send, buffer: RelayBuffer) -> bool:
+        """Sends the answer on to the client as `_read` buffers it; True when the client
+        stalled."""
+        while (chunk := await buffer.get()) is not None:
+            more = {"type": "http.response.body", "body": chunk, "more_body": True}
+            if not await self._send(send, more):
+                return True
+        if not buffer.complete:
+            return False  # too late for a status: end without completing, so the client sees it
+        return not await self._send(send, {"type": "http.response.body", "body": b""})
+
+    async def _read(self, resp: httpx.Response, buffer: RelayBuffer, content_type: str) -> None:
+        """Reads the whole answer into `buffer` (as the client takes it, past its bound), then
+        uncounts the request."""
+        assert self.reader is not None
+        streamed = content_type.startswith("text/event-stream")
+        complete = False
+        try:
+            first = True
+            async for chunk in resp.aiter_raw():
+                if chunk:
+                    self.reader.feed(chunk)
+                    if first:  # time to first token, for a stream
+                        first = False
+                        ttft = time.monotonic() - self.started
+                        LIVE_REQUEST_SECONDS.labels(self.route, "ttft").observe(ttft)
+                        if streamed:
+                            self.live.record_ttft(self.route, ttft)
+                    await buffer.put(chunk)
+            complete = True
+        except httpx.HTTPError as err:
+            log.warning("upstream %s broke off mid-response: %s", self.route, err)
+        finally:
+            buffer.end(complete=complete)
+            self._upstream_done()
 
     async def _relay_error(self, resp: httpx.Response, send: Send) -> None:
         """An upstream error status: its body if it is OpenAI's envelope, else wrapped in one."""
@@ -373,6 +468,7 @@ class UpstreamResponse(Response):
                     break
         except httpx.HTTPError as err:
             log.warning("upstream %s error body unreadable: %s", self.route, err)
+        self._upstream_done()
         extra = [(b"retry-after", v.encode()) for v in resp.headers.get_list("retry-after")]
         status = resp.status_code
         if len(body) <= ERROR_BODY_LIMIT and _is_envelope(bytes(body)):

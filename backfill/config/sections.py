@@ -99,6 +99,15 @@ class Limits(_Strict):
     """Largest upstream response body kept; bigger ones fail the line with `response_too_large`."""
     line_timeout_seconds: float = Field(default=600.0, gt=0)
     """How long one upstream request may take."""
+    live_buffer_bytes: int = Field(default=1024 * 1024, ge=64 * 1024)
+    """Of one live answer, the most the api reads ahead of its client (`api.live_relay`): an
+    answer that fits stops counting on the route when the model server has sent it, however
+    slowly the client reads."""
+    live_buffer_total_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    """... and of all the live answers of one api process together."""
+    live_stall_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """A live client that takes nothing of its answer for this long is disconnected and its
+    upstream request closed."""
     max_line_retries: int = Field(default=5, ge=0)
     """How many times a line that met 429/503/connection refused goes back to the queue."""
     line_heartbeat_timeout_seconds: float = Field(default=7.0, ge=4.0, le=600.0)
@@ -144,6 +153,10 @@ class WorkspaceLimits(_Strict):
     max_live_in_flight: int | None = Field(default=256, ge=1)
     """Live requests (the proxy's chat, completions, embeddings...) in flight at once, per api
     process; one more answers 429 at once (None: no limit)."""
+    max_live_counted: int | None = Field(default=32, ge=1)
+    """Of the workspace's live requests in flight on one route in one api process, the most
+    that count toward the route's live count (yield to live traffic, seat-aware admission,
+    preemption); the others are served all the same (None: all count)."""
     share_weight: int = Field(default=1, ge=1, le=1000)
     """Weight of the workspace in the scheduler's fair share of a route (default equal)."""
 

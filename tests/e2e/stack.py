@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -713,6 +714,25 @@ async def wait_in_flight(stack: Stack, at_least: int, within: float = 120) -> No
         what=f"{at_least} batch requests in flight at the upstream",
         interval=0.05,
     )
+
+
+async def route_metric(stack: Stack, name: str) -> float | None:
+    """The sample `name` of the stack's route on the api's `/metrics` (None: not there)."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{stack.api_url}/metrics", headers=auth("sk-test-auditor"))).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == {"route": stack.route_id}:
+                return sample.value
+    return None
+
+
+async def live_in_flight(stack: Stack) -> float:
+    """The api's `gateway_live_in_flight` of the stack's route: its live count there."""
+    value = await route_metric(stack, "gateway_live_in_flight")
+    if value is None:
+        raise AssertionError(f"no gateway_live_in_flight for {stack.route_id}")
+    return value
 
 
 def input_ids(prefix: str, n: int) -> list[str]:

@@ -14,10 +14,10 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import TemporalServer
 from tests.e2e.stack import API_KEY, Stack, assert_error, auth
+from tests.e2e.stack import live_in_flight as in_flight
 from tools.sim import SimConfig, SimFault
 
 UPSTREAM_KEY = "sk-upstream-route-key"
@@ -34,18 +34,6 @@ async def live(
     s = Stack(tmp, dev_server.address, sim=sim, upstream_key=UPSTREAM_KEY)
     async with s.running():
         yield s
-
-
-async def in_flight(stack: Stack) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"{stack.api_url}/metrics", headers=auth("sk-test-auditor"))).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gateway_live_in_flight" and sample.labels == {
-                "route": stack.route_id
-            }:
-                return sample.value
-    raise AssertionError(f"no gateway_live_in_flight for {stack.route_id}")
 
 
 async def wait_in_flight(stack: Stack, value: float, within: float = 10) -> None:

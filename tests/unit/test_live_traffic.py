@@ -81,3 +81,40 @@ def test_recent_ttft_is_the_p90_of_the_last_seconds_of_streams() -> None:
     assert live.recent_ttft_ms("ut-t") == pytest.approx(2000.0)
     now[0] += TTFT_WINDOW_S
     assert live.recent_ttft_ms("ut-t") is None
+
+
+def test_a_workspace_counts_at_most_its_share_and_others_still_count() -> None:
+    live = LiveTraffic(["ut-s"])
+    alpha = [live.take("ut-s", "alpha", share=2) for _ in range(5)]
+    assert live.count("ut-s") == 2 and gauge("ut-s") == 2  # 5 in flight, 2 counted
+    beta = live.take("ut-s", "beta", share=2)
+    assert live.count("ut-s") == 3  # another workspace's request counts
+    alpha[0].release()
+    alpha[1].release()
+    alpha[2].release()
+    assert live.count("ut-s") == 3  # still 2 of alpha's in flight: its share stays full
+    alpha[3].release()
+    assert live.count("ut-s") == 2
+    alpha[3].release()  # a second release does nothing
+    assert live.count("ut-s") == 2
+    alpha[4].release()
+    beta.release()
+    assert live.count("ut-s") == 0 and gauge("ut-s") == 0
+
+
+def test_no_share_counts_every_request() -> None:
+    live = LiveTraffic(["ut-n"])
+    taken = [live.take("ut-n", "alpha") for _ in range(4)]
+    assert live.count("ut-n") == 4
+    for count in taken:
+        count.release()
+    assert live.count("ut-n") == 0
+
+
+def test_released_early_inside_in_flight_is_uncounted_once() -> None:
+    live = LiveTraffic(["ut-r"])
+    with live.in_flight("ut-r", "alpha", 8) as count:
+        assert live.count("ut-r") == 1
+        count.release()  # the model server is done; the client still reads
+        assert live.count("ut-r") == 0
+    assert live.count("ut-r") == 0
