@@ -100,7 +100,7 @@ def test_the_upload_expiry_errors_name_the_params_the_reference_names() -> None:
 @pytest.mark.parametrize("reason", list(WaitReason), ids=lambda r: r.name)
 def test_every_wait_reason_is_in_the_batch_guide_and_the_stall_clock(reason: WaitReason) -> None:
     assert f"`{reason.value}`" in list_item(
-        read("docs/batches.md"), "- `reason` and `queue_position`"
+        read("docs/batches.md"), "- `reason`, `reason_detail` and `queue_position`"
     )
     stall = [b for b in blocks(read("docs/metrics.md")) if "**unless**" in b]
     assert len(stall) == 1

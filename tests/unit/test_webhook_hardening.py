@@ -65,6 +65,9 @@ class _Endpoints:
     def get_workflow_handle_for(self, *_: Any) -> _Endpoints:
         return self
 
+    async def describe(self, *_: Any, **__: Any) -> None:
+        return None
+
     async def query(self, *_: Any, **__: Any) -> list[WebhookEndpoint]:
         return self.endpoints
 
