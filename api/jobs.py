@@ -32,7 +32,7 @@ from backfill.input_rules import validate_input
 from backfill.jobs import (
     JOB_MEMO,
     JOB_METADATA,
-    JOB_METADATA_KEY,
+    RECORD_HEAD_BYTES,
     Job,
     JobState,
     is_job,
@@ -40,6 +40,7 @@ from backfill.jobs import (
     job_of,
     job_state,
     read_record,
+    read_record_head,
 )
 from backfill.store import FileObject as StoredFile
 from backfill.store import Store
@@ -82,10 +83,7 @@ async def create_job(
 ) -> Job:
     """Queue one request; it runs in the route's spare capacity like a batch line."""
     metadata = dict(req.metadata or {})
-    if JOB_METADATA_KEY in metadata:
-        raise InvalidRequest(
-            f"The metadata key {JOB_METADATA_KEY!r} is reserved.", param="metadata"
-        )
+    batches.refuse_reserved_metadata(metadata)
     line = job_line(req.path, req.body)
     _check_line(line, req.path, settings, identity)
     workspace = identity.workspace
@@ -202,16 +200,24 @@ def output_responses(*errors: int) -> dict[int | str, dict[str, Any]]:
     responses=output_responses(403, 404, 409),
 )
 async def job_output(
-    job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
+    job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep, settings: SettingsDep
 ) -> JSONResponse:
-    return await output(job_id, client, store, identity)
+    return await output(job_id, client, store, identity, settings)
 
 
-async def output(job_id: str, client: Client, store: Store, identity: Identity) -> JSONResponse:
-    """The completed job's answer body, for this caller (shared with the admin endpoints)."""
+async def output(
+    job_id: str, client: Client, store: Store, identity: Identity, settings: Settings
+) -> JSONResponse:
+    """The completed job's answer body, for this caller (shared with the admin endpoints).
+    Its record is read up to the largest a line's can be (`limits.max_response_bytes` and the
+    record's own fields); one longer is not a job's, and is not read on."""
     identity.require_content()
     batch = await job_batch(client, identity, job_id)
-    record = read_record(await asyncio.to_thread(_record, store, batch))
+    most = settings.limits.max_response_bytes + RECORD_HEAD_BYTES
+    data = await asyncio.to_thread(_record, store, batch, most + 1)
+    if data is not None and (end := data.find(b"\n")) >= 0:
+        data = data[:end]  # the first line: a job's output file holds one
+    record = read_record(data) if data is not None and len(data) <= most else None
     job = job_of(batch, record)
     if job.state == "failed":
         why = f" ({job.error.code}: {job.error.message})" if job.error else ""
@@ -244,22 +250,27 @@ async def job_batch(client: Client, identity: Identity, job_id: str) -> Batch:
 
 
 async def view(store: Store, batch: Batch) -> Job:
-    return job_of(batch, read_record(await asyncio.to_thread(_record, store, batch)))
+    """The job view of `batch`: at most `RECORD_HEAD_BYTES` of its record are read, whatever
+    the size of its answer (or of the output file of a batch that only says it is a job)."""
+    head = await asyncio.to_thread(_record, store, batch, RECORD_HEAD_BYTES + 1)
+    cut = head is not None and len(head) > RECORD_HEAD_BYTES
+    return job_of(batch, read_record_head(head, cut=cut) if head is not None else None)
 
 
-def _record(store: Store, batch: Batch) -> bytes | None:
-    """The job's line's committed record: in the store while the batch runs, in its output or
-    error file (one line) once it ended. None when there is none (yet, or any more)."""
+def _record(store: Store, batch: Batch, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the job's line's committed record: in the store while the batch
+    runs, in its output or error file (one line) once it ended. None when there is none (yet,
+    or any more)."""
     if batch.status in TERMINAL_STATUSES:
         for file_id in (batch.output_file_id, batch.error_file_id):
             if file_id:
                 try:
-                    return store.read_file(file_id)
+                    return store.read_file_head(file_id, max_bytes)
                 except FileNotFoundError:
                     continue
         return None
     try:
-        return store.get_result(batch.id, 0)
+        return store.get_result_head(batch.id, 0, max_bytes)
     except (FileNotFoundError, KeyError):
         return None
 

@@ -96,10 +96,10 @@ async def control_job(
 
 @router.get("/jobs/{job_id}/output", response_model=None)
 async def job_output(
-    job_id: str, session: SessionDep, client: ClientDep, store: StoreDep
+    job_id: str, session: SessionDep, client: ClientDep, store: StoreDep, settings: SettingsDep
 ) -> Response:
     """The completed job's answer (JSON), as a download; checked like `GET
     /gateway/v1/batches/{id}/output` (409 before it completed, 403 for an auditor)."""
-    answer = await jobs.output(job_id, client, store, session.identity)
+    answer = await jobs.output(job_id, client, store, session.identity, settings)
     answer.headers["Content-Disposition"] = f'attachment; filename="{job_id}-output.json"'
     return answer
