@@ -224,7 +224,7 @@ def _decoded(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, decoded strictly (`backfill.strict_json`: no NaN, Infinity or
     1e999, at most `MAX_DEPTH` levels), or a 400."""
     try:
-        parsed = strict_json.loads(raw)
+        parsed = strict_json.loads(raw, unique_keys=True)
     except ValueError as err:
         msg = f"The request body is not valid JSON: {strict_json.describe(err)}."
         raise InvalidRequest(msg) from None

@@ -37,7 +37,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 
-from api.batch_reads import describe_batch
+from api import audit
+from api.batch_reads import describe_batch, workspace_of
 from api.deps import ClientDep, IdentityDep, StoreDep
 from api.errors import InvalidRequest, NotFound
 from api.schemas import COMMON_ERRORS, error_responses
@@ -161,6 +162,7 @@ async def batch_results(
     cursor = Cursor.parse(after)
     desc = await describe_batch(client, identity, batch_id)
     identity.require_content()
+    audit.cross_workspace(identity, "batch.results", batch_id, workspace_of(desc))
     running = desc.status in (
         WorkflowExecutionStatus.RUNNING,
         WorkflowExecutionStatus.CONTINUED_AS_NEW,
