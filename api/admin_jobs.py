@@ -19,13 +19,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, get_args
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from temporalio.client import Client, WorkflowExecution
 from temporalio.service import RPCError
 
 from api import batch_reads, batches, jobs
 from api.admin_batches import AdminReaderDep, batch_filters
-from api.deps import ClientDep, Identity, SettingsDep, StoreDep
+from api.deps import BuffersDep, ClientDep, Identity, SettingsDep, StoreDep
 from api.errors import InvalidRequest
 from api.history_view import started_input
 from api.schemas import COMMON_ERRORS, AdminJob, AdminJobList, JobIdentity, error_responses
@@ -154,10 +154,11 @@ async def any_job_output(
     store: StoreDep,
     identity: AdminReaderDep,
     settings: SettingsDep,
-) -> JSONResponse:
+    buffers: BuffersDep,
+) -> Response:
     """As `GET /gateway/v1/batches/{id}/output`, for a job of any workspace (platform admins;
     auditors never read content)."""
-    return await jobs.output(job_id, client, store, identity, settings)
+    return await jobs.output(job_id, client, store, identity, settings, buffers)
 
 
 async def _control(

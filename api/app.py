@@ -38,6 +38,7 @@ from api.request_spans import RequestSpans
 from api.route_poller import RoutePoller
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints, tracing
+from backfill.byte_budget import ByteBudget
 from backfill.config import Settings, configured_bases
 from backfill.load_reader import ServerLoadReader
 from backfill.store import open_store
@@ -64,6 +65,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         app.state.live_limits = LiveLimits()
+        app.state.usage_buffers = ByteBudget(
+            settings.api_usage_buffer_bytes, settings.api_usage_buffer_workspace_bytes
+        )
         if client is not None:
             link = TemporalLink.connected(client)
         else:
@@ -118,6 +122,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     errors.install(app)
+    buffers = ByteBudget(settings.api_buffer_bytes, settings.api_buffer_workspace_bytes)
+    app.state.buffers = buffers  # request bodies and answers built whole (`api.buffers`)
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.
     app.add_middleware(CatchAll)
@@ -125,6 +131,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         BodyLimit,
         rule_for=body_rules(settings),
         key_known=lambda k: settings.key_for(k) is not None,
+        budget=buffers,
+        tenant_of=lambda k: key.workspace if (key := settings.key_for(k)) else "",
     )
     app.add_middleware(RequestSpans)  # when tracing is on; inside, so it knows the request id
     app.add_middleware(RequestIdMiddleware)

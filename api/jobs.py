@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
 from typing import Annotated, Any
 
@@ -21,12 +22,23 @@ from temporalio.client import Client, WorkflowExecution
 
 from api import admission, audit, batch_reads, batches
 from api.admission import Pinned
-from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
+from api.buffers import HeldResponse
+from api.buffers import busy as buffers_busy
+from api.deps import (
+    BuffersDep,
+    ClientDep,
+    Identity,
+    IdentityDep,
+    SettingsDep,
+    StoreDep,
+    WriterDep,
+)
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
 from api.files import storage_room
 from api.schemas import COMMON_ERRORS, CreateBatch, CreateJob, JobList, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchError
+from backfill.byte_budget import ByteBudget, Claim
 from backfill.config import Settings
 from backfill.input_rules import validate_input
 from backfill.jobs import (
@@ -51,6 +63,9 @@ router = APIRouter(prefix=PREFIX, tags=["jobs"], responses=COMMON_ERRORS)
 JOB_FILENAME = "gateway-job.jsonl"
 """The name of a job's stored input file (one line)."""
 _UNCONTROLLABLE: frozenset[JobState] = frozenset({"completed", "failed", "cancelled"})
+OUTPUT_COPIES = 3
+"""What a job's output holds while it is served, in its record's size: the record read, the
+answer decoded from it, and the answer encoded to be sent."""
 _PAUSABLE = ("validating", "in_progress")
 """The batch statuses a job may be paused or resumed in (as for any batch)."""
 
@@ -200,21 +215,44 @@ def output_responses(*errors: int) -> dict[int | str, dict[str, Any]]:
     responses=output_responses(403, 404, 409),
 )
 async def job_output(
-    job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep, settings: SettingsDep
-) -> JSONResponse:
-    return await output(job_id, client, store, identity, settings)
+    job_id: str,
+    client: ClientDep,
+    store: StoreDep,
+    identity: IdentityDep,
+    settings: SettingsDep,
+    buffers: BuffersDep,
+) -> Response:
+    return await output(job_id, client, store, identity, settings, buffers)
 
 
 async def output(
-    job_id: str, client: Client, store: Store, identity: Identity, settings: Settings
-) -> JSONResponse:
+    job_id: str,
+    client: Client,
+    store: Store,
+    identity: Identity,
+    settings: Settings,
+    buffers: ByteBudget,
+) -> Response:
     """The completed job's answer body, for this caller (shared with the admin endpoints).
     Its record is read up to the largest a line's can be (`limits.max_response_bytes` and the
-    record's own fields); one longer is not a job's, and is not read on."""
+    record's own fields); one longer is not a job's, and is not read on. What it holds is
+    claimed from the process's `buffers` first, in the job's workspace's share (`api.buffers`:
+    503 `gateway_busy` when it does not fit) and given back once the answer is sent."""
     identity.require_content()
     batch = await job_batch(client, identity, job_id)
     most = settings.limits.max_response_bytes + RECORD_HEAD_BYTES
-    data = await asyncio.to_thread(_record, store, batch, most + 1)
+    claim = buffers.claim(batch.backfill.workspace or identity.workspace)
+    try:
+        return await _output(job_id, identity, store, batch, claim, most)
+    except BaseException:
+        claim.release()
+        raise
+
+
+async def _output(
+    job_id: str, identity: Identity, store: Store, batch: Batch, claim: Claim, most: int
+) -> Response:
+    data = await asyncio.to_thread(_output_record, store, batch, claim, most + 1)
     if data is not None and (end := data.find(b"\n")) >= 0:
         data = data[:end]  # the first line: a job's output file holds one
     record = read_record(data) if data is not None and len(data) <= most else None
@@ -234,7 +272,8 @@ async def output(
             code="output_not_found",
         )
     audit.cross_workspace(identity, "job.output", job_id, batch.backfill.workspace or "")
-    return JSONResponse(record.body)
+    body = json.dumps(record.body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return HeldResponse(body.encode(), claim)
 
 
 async def job_batch(client: Client, identity: Identity, job_id: str) -> Batch:
@@ -273,6 +312,23 @@ def _record(store: Store, batch: Batch, max_bytes: int) -> bytes | None:
         return store.get_result_head(batch.id, 0, max_bytes)
     except (FileNotFoundError, KeyError):
         return None
+
+
+def _output_record(store: Store, batch: Batch, claim: Claim, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the ended job's output (or error) file, `OUTPUT_COPIES` times
+    its size claimed before it is read (503 `gateway_busy` when that does not fit)."""
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        obj = store.get_file(file_id) if file_id else None
+        if obj is None:
+            continue
+        size = min(obj.bytes, max_bytes)
+        if not claim.resize(OUTPUT_COPIES * size):
+            raise buffers_busy()
+        try:
+            return store.read_file_head(obj.id, size)
+        except FileNotFoundError:
+            continue
+    return None
 
 
 # ---- control ---------------------------------------------------------------------------------

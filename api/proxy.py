@@ -37,6 +37,7 @@ from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
 from backfill import strict_json, tracing
 from backfill.body_policy import refusal_message, refused_field
+from backfill.byte_budget import ByteBudget, Claim
 from backfill.config import ModelConfig, Settings
 from backfill.endpoints import CHAT_USAGE, REGISTRY, EndpointSpec, UsageFields
 from backfill.metrics import LIVE_REQUEST_SECONDS
@@ -201,7 +202,9 @@ async def _forward(
         if journal is not None:
             journal.record(payer.entry(rid, status, prompt_tokens, completion_tokens))
 
-    return UpstreamResponse(http, upstream, live, route.id, account, spec.usage)
+    budget: ByteBudget | None = getattr(request.app.state, "usage_buffers", None)
+    claim = budget.claim(identity.workspace) if budget is not None else None
+    return UpstreamResponse(http, upstream, live, route.id, account, spec.usage, claim)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -268,6 +271,7 @@ class UpstreamResponse(Response):
         route: str,
         account: Callable[[str, int, int], None] | None = None,
         usage: UsageFields = CHAT_USAGE,
+        usage_claim: Claim | None = None,
     ) -> None:
         super().__init__()
         self.http, self.upstream, self.live, self.route = http, upstream, live, route
@@ -278,6 +282,8 @@ class UpstreamResponse(Response):
         self.usage = usage
         """Where the endpoint's answers keep their usage."""
         self.reader: UsageReader | None = None
+        self.usage_claim = usage_claim
+        """The workspace's claim on the process's usage budget, for the reader."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.started = time.monotonic()
@@ -341,7 +347,7 @@ class UpstreamResponse(Response):
                 {"type": "http.response.start", "status": resp.status_code, "headers": headers}
             )
             content_type = resp.headers.get("content-type", "")
-            self.reader = UsageReader(content_type, self.usage)
+            self.reader = UsageReader(content_type, self.usage, self.usage_claim)
             streamed = content_type.startswith("text/event-stream")
             try:
                 first = True

@@ -14,6 +14,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from api import results
 from api.deps import Identity
 from backfill import search_attributes as sa
+from backfill.byte_budget import ByteBudget
 from backfill.config import Settings
 from backfill.store import open_store
 
@@ -37,7 +38,8 @@ async def test_reading_results_across_workspaces_is_audited(
     monkeypatch.setattr(results, "describe_batch", describe)
     store = open_store(Settings(data_dir=tmp_path))
     with caplog.at_level("INFO", logger="backfill.audit"):
-        r = await results.batch_results("batch_x", None, store, ADMIN)  # type: ignore[arg-type]
+        buffers = ByteBudget(1 << 20, 1 << 20)
+        r = await results.batch_results("batch_x", None, store, ADMIN, buffers)  # type: ignore[arg-type]
     assert r.status_code == 200
     events = [rec.getMessage() for rec in caplog.records if rec.name == "backfill.audit"]
     if not audited:
