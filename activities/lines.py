@@ -97,7 +97,7 @@ class LineActivities:
         self.preempt = preempt
         """Where lines learn that live traffic needs their seat (None: never preempted)."""
         self.buffers = buffers or ByteBudget(
-            settings.worker_buffer_bytes, settings.worker_buffer_workspace_bytes
+            settings.worker_buffer_bytes, settings.worker_buffer_workspace_bytes, "worker_lines"
         )
         """The process's budget for what running lines hold (requests and answers), a share
         per workspace (`Settings.worker_buffer_bytes`)."""

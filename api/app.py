@@ -66,7 +66,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         app.state.live_limits = LiveLimits()
         app.state.usage_buffers = ByteBudget(
-            settings.api_usage_buffer_bytes, settings.api_usage_buffer_workspace_bytes
+            settings.api_usage_buffer_bytes,
+            settings.api_usage_buffer_workspace_bytes,
+            name="api_usage",
         )
         if client is not None:
             link = TemporalLink.connected(client)
@@ -122,7 +124,9 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     errors.install(app)
-    buffers = ByteBudget(settings.api_buffer_bytes, settings.api_buffer_workspace_bytes)
+    buffers = ByteBudget(
+        settings.api_buffer_bytes, settings.api_buffer_workspace_bytes, name="api_requests"
+    )
     app.state.buffers = buffers  # request bodies and answers built whole (`api.buffers`)
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.

@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from backfill import metrics
+
 API_BASELINE_BYTES = 256 * 1024 * 1024
 """What an api process holds besides the buffers requests fill (the interpreter, libraries, the
 Temporal client, caches): it idles at about 85 MiB and stayed under 92 MiB through 200,000-line
@@ -34,6 +36,9 @@ class ByteBudget:
     """Bytes all claims may hold together."""
     share: int
     """Bytes the claims of one tenant may hold together (at most `total`)."""
+    name: str = ""
+    """The `buffer` label of its metrics (`gateway_buffer_bytes`, `gateway_buffer_refusals_total`);
+    empty: none."""
     held: int = 0
     """Bytes held now, by every claim."""
     refusals: int = 0
@@ -60,12 +65,16 @@ class ByteBudget:
             mine = self._by_tenant.get(tenant, 0)
             if grow > 0 and (self.held + grow > self.total or mine + grow > self.share):
                 self.refusals += 1
+                if self.name:
+                    metrics.BUFFER_REFUSALS.labels(self.name).inc()
                 return False
             self.held += grow
             if mine + grow:
                 self._by_tenant[tenant] = mine + grow
             else:
                 self._by_tenant.pop(tenant, None)
+            if self.name:
+                metrics.BUFFER_BYTES.labels(self.name).set(self.held)
             return True
 
 

@@ -142,3 +142,43 @@ async def test_a_running_job_read_reads_a_bounded_head_of_its_record(tmp_path: P
     job = await jobs.view(counting, _job_batch("in_progress"))  # type: ignore[arg-type]
     assert (job.state, job.status_code, job.request_id) == ("running", 200, "req_big")
     assert len(store.get_result_head("batch_big", 0, 100) or b"") == 100
+
+
+async def test_a_job_output_is_held_against_the_process_buffers_until_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claimed (3 times the record) before it is read, in the job's workspace's share: 503
+    `gateway_busy` when that does not fit; given back once the answer is sent."""
+    from api.deps import Identity
+    from api.errors import RetryLater
+    from backfill.byte_budget import ByteBudget
+
+    store = open_store(Settings(data_dir=tmp_path))
+    record = response_record_bytes(JOB_CUSTOM_ID, 200, "req_1", json.dumps({"id": "x"}))
+    upload = store.begin_upload(1 << 20)
+    upload.write(record + b"\n")
+    out = upload.finish(workspace="w", filename="out.jsonl", purpose="batch_output")
+    batch = _job_batch("completed", out.id)
+    batch.backfill.workspace = "w"
+
+    async def job_batch(client: Any, identity: Identity, job_id: str) -> Batch:
+        return batch
+
+    monkeypatch.setattr(jobs, "job_batch", job_batch)
+    settings = Settings(data_dir=tmp_path)
+    member = Identity(workspace="w", role="member", key_name="w")
+    full = ByteBudget(total=1 << 20, share=2 * len(record))  # less than 3 copies of the record
+    with pytest.raises(RetryLater) as err:
+        await jobs.output("batch_big", None, store, member, settings, full)  # type: ignore[arg-type]
+    assert (err.value.status, err.value.code) == (503, "gateway_busy") and full.held == 0
+
+    room = ByteBudget(total=1 << 20, share=1 << 20)
+    answer = await jobs.output("batch_big", None, store, member, settings, room)  # type: ignore[arg-type]
+    assert room.held_by("w") == 3 * (len(record) + 1)  # held while it is not sent yet
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await answer({"type": "http"}, None, send)  # type: ignore[arg-type]
+    assert json.loads(sent[-1]["body"]) == {"id": "x"} and room.held == 0
