@@ -41,7 +41,7 @@ from backfill import endpoints, tracing
 from backfill.byte_budget import ByteBudget
 from backfill.config import Settings, configured_bases
 from backfill.load_reader import ServerLoadReader
-from backfill.store import open_store
+from backfill.store import CHUNK_BYTES, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
 
@@ -195,6 +195,7 @@ def body_rules(settings: Settings) -> Callable[[str, str], BodyRule]:
         code="file_too_large",
         param="file",
         message=f"File is too large: the limit is {limits.max_file_bytes} bytes.",
+        held_bytes=settings.s3_part_bytes + CHUNK_BYTES,
     )
     live = BodyRule(max(limits.max_request_bytes, limits.max_line_bytes))
     other = BodyRule(limits.max_request_bytes)

@@ -7,7 +7,8 @@
   the limit and replayed to the app. Uploads (`POST /v1/files`) get the file cap plus room for
   the form and are never buffered here: past the limit their `receive` raises `BodyTooLarge`,
   and the upload parser (which also bounds the parts, their headers and fields while
-  streaming) answers 413. A body it lets through is held against the process's body budget
+  streaming) answers 413. A body it lets through (for an upload, what the upload holds while it
+  streams) is held against the process's body budget
   (`Settings.api_buffer_bytes`, a share per workspace: `backfill.byte_budget`) until the
   request is answered; one that does not fit is answered 503 `gateway_busy` with
   `Retry-After` before it is read.
@@ -66,6 +67,9 @@ class BodyRule:
     code: str = "request_too_large"
     param: str | None = None
     message: str = "The request body is too large: the limit here is {max_bytes} bytes."
+    held_bytes: int = 0
+    """With `streamed`: what the route holds while the body streams through it (an upload's
+    part buffer and chunk), claimed from the body budget for the whole request."""
     keyed: bool = True
     """The route needs an API key (`Authorization: Bearer`): one that is missing or unknown is
     answered 401 before any of the body is read (the console's forms use its session instead)."""
@@ -105,10 +109,13 @@ class BodyLimit:
             if refused is not None:
                 await _send_error(send, 401, _envelope(refused, "invalid_request_error", KEY_CODE))
                 return
-        if rule.streamed:
-            await self.app(scope, _counting(receive, limit), send)
-            return
         with self._claim(scope) as claim:
+            if rule.streamed:
+                if not claim.resize(rule.held_bytes):
+                    await self._busy(send)
+                    return
+                await self.app(scope, _counting(receive, limit), send)
+                return
             await self._buffered(scope, receive, send, rule, declared, claim)
 
     def _claim(self, scope: Scope) -> Claim:

@@ -113,10 +113,10 @@ class Settings(BaseSettings):
         default=192 * 1024 * 1024, ge=16 * 1024 * 1024, validation_alias="BACKFILL_API_BUFFER_BYTES"
     )
     """What one api process holds at once, together, of request bodies (3 times each body's
-    size: its bytes, their decoding and the body sent on; uploads stream to the store and are
-    not counted) and of the answers it builds whole (a results page, a job's output), in
-    `backfill.byte_budget`. A request that does not fit is answered 503 `gateway_busy` with
-    `Retry-After` (a body before it is read)."""
+    size: its bytes, their decoding and the body sent on; an upload, its part buffer and chunk
+    while it streams), of the answers it builds whole (a results page, a job's output) and of
+    file downloads (2 MiB each in flight), in `backfill.byte_budget`. A request that does not
+    fit is answered 503 `gateway_busy` with `Retry-After` (a body before it is read)."""
     api_buffer_workspace_bytes: int = Field(
         default=48 * 1024 * 1024,
         ge=4 * 1024 * 1024,

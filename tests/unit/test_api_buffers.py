@@ -46,8 +46,9 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, list[UsageEntry]]]:
             ],
             "api_usage_buffer_bytes": 1 * MiB,
             "api_usage_buffer_workspace_bytes": MiB // 2,
-            "api_buffer_bytes": 16 * MiB,
-            "api_buffer_workspace_bytes": 4 * MiB,
+            "api_buffer_bytes": 64 * MiB,
+            "api_buffer_workspace_bytes": 16 * MiB,
+            "workspaces": {"default": {"max_stored_bytes": None}},
         }
     )
     app = create_app(settings, client=object())  # type: ignore[arg-type]
@@ -108,7 +109,7 @@ def test_a_workspace_over_its_body_share_gets_503_and_another_is_served(
     while type(middleware).__name__ != "BodyLimit":
         middleware = middleware.app
     hog = middleware.budget.claim("a")
-    assert hog.resize(4 * MiB - 10)  # workspace a's bodies in flight fill its share
+    assert hog.resize(16 * MiB - 10)  # workspace a's bodies in flight fill its share
 
     r = _chat(http, "sk-a")
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
@@ -119,3 +120,39 @@ def test_a_workspace_over_its_body_share_gets_503_and_another_is_served(
     r = _chat(http, "sk-a")
     assert r.status_code == 200 and r.content == ANSWER_BYTES
     assert middleware.budget.held == 0
+
+
+def test_uploads_and_downloads_hold_their_buffers_in_their_workspaces_share(
+    api: tuple[TestClient, list[UsageEntry]],
+) -> None:
+    """An upload holds its part buffer and chunk while it streams, a download its chunks in
+    flight: refused (503) in a workspace whose share is full, served in another's."""
+    http, _ = api
+    budget = http.app.state.buffers  # type: ignore[attr-defined]
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions"})
+
+    def upload(key: str) -> httpx.Response:
+        return http.post(
+            "/v1/files",
+            files={"file": ("in.jsonl", line.encode() + b"\n")},
+            data={"purpose": "batch"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+
+    uploaded = {key: upload(key) for key in ("sk-a", "sk-b")}
+    assert all(r.status_code == 200 for r in uploaded.values()), uploaded
+    hog = budget.claim("a")
+    assert hog.resize(16 * MiB - 10)
+    refused = upload("sk-a")
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "gateway_busy"
+    for key, status in (("sk-a", 503), ("sk-b", 200)):
+        file_id = uploaded[key].json()["id"]
+        r = http.get(f"/v1/files/{file_id}/content", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == status, r.text
+        if status == 200:
+            assert r.content == line.encode() + b"\n"
+        else:
+            assert r.headers["retry-after"] == "1"
+    assert upload("sk-b").status_code == 200
+    hog.release()
+    assert budget.held == 0

@@ -37,7 +37,7 @@ def api_parts(s: Settings) -> dict[str, int]:
     largest_record = s.limits.max_response_bytes + RECORD_HEAD_BYTES
     return {
         "baseline": API_BASELINE_BYTES,
-        "request bodies and answers built whole": s.api_buffer_bytes,
+        "request bodies and answers": s.api_buffer_bytes,
         "live answers kept for usage": s.api_usage_buffer_bytes,
         "decoding one kept answer": MAX_JSON_BYTES * DECODED_COPIES,
         "upstream error bodies": (UPSTREAM_LIMITS.max_connections or 0) * ERROR_BODY_LIMIT,
