@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 import pytest
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
 from activities.lines import ANSWER_COPIES, BUFFER_WAIT_SECONDS, REQUEST_COPIES
 from api.app import UPSTREAM_LIMITS
@@ -29,6 +30,9 @@ from backfill.streamed_answer import MAX_EVENT_BYTES
 from tests.unit.test_deploy import ROOT, render_chart
 
 MiB = 1 << 20
+ASYNCIO_WRITE_HIGH_WATER = 64 * 1024
+"""asyncio's default write buffer high-water mark per transport (not exported by asyncio):
+uvicorn's `send` waits past it, so a slow reader holds at most this much of an answer."""
 UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
 
 
@@ -42,6 +46,8 @@ def api_parts(s: Settings) -> dict[str, int]:
         "decoding one kept answer": MAX_JSON_BYTES * DECODED_COPIES,
         "upstream error bodies": (UPSTREAM_LIMITS.max_connections or 0) * ERROR_BODY_LIMIT,
         "results pages being built": PAGE_READERS * 2 * (PAGE_BYTES + largest_record),
+        "connections' socket buffers": s.api_max_concurrency
+        * (HIGH_WATER_LIMIT + ASYNCIO_WRITE_HIGH_WATER),
     }
 
 
