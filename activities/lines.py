@@ -169,6 +169,9 @@ class LineActivities:
         if stream is not None and input.preemptions > 0:  # preempted before: it may continue
             partial = await self._in_thread(kept_partial, self.store, input.batch_id, line_no)
             if partial is not None:
+                # Its text is held, and sent again in the continued request: counted as one.
+                if not await self._room(claim, REQUEST_COPIES * (len(raw) + len(partial.text))):
+                    return LineOutcome(line=line_no, preempted=True, held=True)
                 then = continuation(input.endpoint, request, partial, stream.chat)
                 if isinstance(then, bytes):  # its token limit was reached as it was preempted
                     spec = REGISTRY[input.endpoint]

@@ -193,7 +193,8 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_WORKER_BUFFER_BYTES",
     )
     """What the running lines of one worker process hold at once, together: each its request
-    (3 times its line's size: the line, its decoding and the body sent) and its answer (twice:
+    (3 times its line's size, with the partial answer it continues: the line, its decoding and
+    the body sent) and its answer (twice:
     the answer and its record) (`backfill.byte_budget`). A line whose request does not fit
     waits for room (`activities.lines.BUFFER_WAIT_SECONDS`), then goes back to its queue
     unsent, nothing counted; one whose answer outgrows the room left is sent again later
