@@ -12,7 +12,10 @@ import httpx
 import pytest
 
 from activities import lines
+from activities.preemption import PreemptBoard
 from backfill.byte_budget import ByteBudget
+from backfill.gates.preempt import PreemptPolicy
+from backfill.streamed_answer import Partial
 from tests.unit.test_run_line import line, make, record, run
 
 OK = {"id": "x", "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
@@ -58,3 +61,27 @@ def test_an_answer_that_outgrows_the_room_left_is_sent_again_later(tmp_path: Pat
     acts.buffers = ByteBudget(total=1 << 20, share=1 << 20)  # room again: the same line runs
     out = run(acts, line(file_id, 0).model_copy(update={"workspace": "a"}))
     assert out.ok and record(store, 0)["response"]["body"] == big
+
+
+def test_a_resumed_line_whose_kept_answer_does_not_fit_is_held_unsent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partial answer a preempted line kept is held (and sent again) with its request."""
+    monkeypatch.setattr(lines, "BUFFER_WAIT_SECONDS", 0.3)
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=OK)
+
+    acts, file_id, store = make(tmp_path, handler)
+    board = PreemptBoard()
+    board.set_policy("r1", PreemptPolicy(batch_seats=8, max_preemptions=3, resume=True))
+    acts.preempt = board
+    kept = Partial(
+        head={"id": "x", "created": 1, "model": "demo"}, text="y" * 100_000, completion_tokens=9
+    )
+    store.put_partial("batch_unit", 0, kept.model_dump_json().encode())
+    acts.buffers = ByteBudget(total=64 << 10, share=64 << 10)  # the line fits, not its answer
+    out = run(acts, line(file_id, 0).model_copy(update={"workspace": "a", "preemptions": 1}))
+    assert out.held and out.preempted and sent == [] and acts.buffers.held == 0
