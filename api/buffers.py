@@ -15,16 +15,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.errors import RetryLater
+from api.middleware import BUSY_RETRY_AFTER
 from backfill.byte_budget import ByteBudget, Claim
-
-BUSY_RETRY_AFTER = 1
-"""Seconds a request refused for the budget is told to wait."""
 
 
 def busy() -> RetryLater:
     return RetryLater(
         "The gateway holds as many answers as it can just now; retry shortly.",
-        retry_after=BUSY_RETRY_AFTER,
+        retry_after=int(BUSY_RETRY_AFTER),
         code="gateway_busy",
     )
 

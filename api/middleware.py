@@ -8,10 +8,9 @@
   the form and are never buffered here: past the limit their `receive` raises `BodyTooLarge`,
   and the upload parser (which also bounds the parts, their headers and fields while
   streaming) answers 413. A body it lets through (for an upload, what the upload holds while it
-  streams) is held against the process's body budget
-  (`Settings.api_buffer_bytes`, a share per workspace: `backfill.byte_budget`) until the
-  request is answered; one that does not fit is answered 503 `gateway_busy` with
-  `Retry-After` before it is read.
+  streams) is held against the process's buffer budget (`Settings.api_buffer_bytes`, a share
+  per workspace: `backfill.byte_budget`) until the request is answered; one that does not fit
+  is answered 503 `gateway_busy` with `Retry-After` before it is read.
 - `CatchAll`: an unexpected exception is answered 500 in the envelope, and the connection stays
   usable. (Starlette's server-error middleware re-raises after sending its 500, and uvicorn then
   drops the connection: the client's next request on it would be reset.)
@@ -31,12 +30,12 @@ from backfill.byte_budget import ByteBudget, Claim
 log = logging.getLogger(__name__)
 
 UPLOAD_FORM_OVERHEAD = 1 << 20
+"""Bytes allowed beyond the file cap for the form's boundaries, headers and small fields."""
 BODY_COPIES = 3
 """What a body holds while its request runs, in its size: its bytes, their decoding, and the body
 sent on (a live request's upstream request keeps it until the answer ends)."""
 BUSY_RETRY_AFTER = "1"
 """Seconds a request refused for the body budget is told to wait (`Retry-After`)."""
-"""Bytes allowed beyond the file cap for the form's boundaries, headers and small fields."""
 
 
 def _envelope(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
