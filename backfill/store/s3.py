@@ -150,6 +150,8 @@ class S3Store(S3Objects, Store):
             key = self._file_key(file_id, "data")
         except KeyError:
             raise FileNotFoundError(file_id) from None
+        if max_bytes <= 0:
+            return b""
         try:
             data = self._get(key, f"bytes=0-{max_bytes - 1}")
         except ClientError as err:
@@ -414,6 +416,8 @@ class S3Store(S3Objects, Store):
 
     def get_result_head(self, batch_id: str, line_no: int, max_bytes: int) -> bytes | None:
         """A ranged GET: the rest of the record is never transferred."""
+        if max_bytes <= 0:
+            return b"" if self.get_result(batch_id, line_no) is not None else None
         return self._get(self._result_key(batch_id, line_no), f"bytes=0-{max_bytes - 1}")
 
     def _partial_key(self, batch_id: str, line_no: int) -> str:
