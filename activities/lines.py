@@ -40,6 +40,7 @@ from activities.streamed_lines import (
     stream_for,
 )
 from backfill import metrics, strict_json, tracing
+from backfill.byte_budget import ByteBudget, Claim
 from backfill.config import RouteConfig, Settings
 from backfill.endpoints import REGISTRY
 from backfill.messages import LineInput, LineOutcome
@@ -61,6 +62,17 @@ MAX_RESENDS = 2
 STORE_THREADS = 32
 """Threads for the lines' store reads and fsync'd commits. asyncio's default pool (cores + 4
 threads, 6 here) made 256 lines in flight queue for the disk behind each other."""
+BUFFER_WAIT_SECONDS = 30.0
+"""Longest a line waits for room in the worker's buffer budget before it goes back to its queue
+unsent (`held`: nothing counted), as a line waits at the preemption door."""
+BUFFER_POLL_SECONDS = 0.25
+"""How often a waiting line looks for room again."""
+REQUEST_COPIES = 3
+"""What a running line's request holds, in its input line's size: the line as read, its
+decoding, and the body encoded to be sent."""
+ANSWER_COPIES = 2
+"""What an answer holds while it is read and recorded, in its size: the bytes read and the
+record made of them."""
 T = TypeVar("T")
 UNANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 """Transport errors that, raised before the response's status line, mean the server never
@@ -75,6 +87,7 @@ class LineActivities:
         http: httpx.AsyncClient,
         usage: UsageJournal | None = None,
         preempt: PreemptBoard | None = None,
+        buffers: ByteBudget | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -83,6 +96,11 @@ class LineActivities:
         """Where every attempt sent upstream is journaled (None: nowhere)."""
         self.preempt = preempt
         """Where lines learn that live traffic needs their seat (None: never preempted)."""
+        self.buffers = buffers or ByteBudget(
+            settings.worker_buffer_bytes, settings.worker_buffer_workspace_bytes, "worker_lines"
+        )
+        """The process's budget for what running lines hold (requests and answers), a share
+        per workspace (`Settings.worker_buffer_bytes`)."""
         self._io = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="line-store")
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -101,9 +119,28 @@ class LineActivities:
         return outcome
 
     async def _run_line(self, input: LineInput) -> LineOutcome:
+        with self.buffers.claim(input.workspace or "") as claim:
+            return await self._run_claimed(input, claim)
+
+    async def _room(self, claim: Claim, size: int) -> bool:
+        """Whether `claim` could grow to `size` within `BUFFER_WAIT_SECONDS` (heartbeating)."""
+        if claim.resize(size):
+            return True
+        async with heartbeating():
+            deadline = time.monotonic() + BUFFER_WAIT_SECONDS
+            while time.monotonic() < deadline:
+                await asyncio.sleep(BUFFER_POLL_SECONDS)
+                if claim.resize(size):
+                    return True
+        return False
+
+    async def _run_claimed(self, input: LineInput, claim: Claim) -> LineOutcome:
         line_no, committed, raw = await self._in_thread(self._read, input)
         if committed is not None:  # it ran before (its worker died after writing): once only
             return outcome_from_record(line_no, committed)
+        if not await self._room(claim, REQUEST_COPIES * len(raw)):
+            activity.logger.info("line %d of %s held: no buffer room", line_no, input.batch_id)
+            return LineOutcome(line=line_no, preempted=True, held=True)
         # The line is read once: custom_id and body both come from this decoding.
         request: Any = None
         unreadable: Answer | None = None
@@ -132,6 +169,9 @@ class LineActivities:
         if stream is not None and input.preemptions > 0:  # preempted before: it may continue
             partial = await self._in_thread(kept_partial, self.store, input.batch_id, line_no)
             if partial is not None:
+                # Its text is held, and sent again in the continued request: counted as one.
+                if not await self._room(claim, REQUEST_COPIES * (len(raw) + len(partial.text))):
+                    return LineOutcome(line=line_no, preempted=True, held=True)
                 then = continuation(input.endpoint, request, partial, stream.chat)
                 if isinstance(then, bytes):  # its token limit was reached as it was preempted
                     spec = REGISTRY[input.endpoint]
@@ -143,9 +183,11 @@ class LineActivities:
         try:
             async with heartbeating():
                 if self.preempt is None:
-                    answer = await self._send(route, input, request, custom_id, line_no, rid)
+                    answer = await self._send(
+                        route, input, request, custom_id, line_no, rid, claim=claim
+                    )
                 else:
-                    send = self._send(route, input, sent, custom_id, line_no, rid, stream)
+                    send = self._send(route, input, sent, custom_id, line_no, rid, stream, claim)
                     answer = await send_preemptible(self.preempt, input, line_no, send, stream)
                 if not answer.outcome.held:  # a line held at the door sent nothing
                     self._journal(input, request, rid, answer)  # now: a cancel may end the `with`
@@ -250,13 +292,16 @@ class LineActivities:
         line_no: int,
         rid: str,
         stream: Reassembled | None = None,
+        claim: Claim | None = None,
     ) -> Answer:
         """`_exchange`, in a trace's upstream span (identifiers only, never the body)."""
         path = httpx.URL(route.base_url.rstrip("/") + REGISTRY[input.endpoint].upstream_path).path
         with tracing.upstream_span(
             path, route.id, rid, batch_id=input.batch_id, line=line_no, workspace=input.workspace
         ) as span:
-            answer = await self._exchange(route, input, request, custom_id, line_no, rid, stream)
+            answer = await self._exchange(
+                route, input, request, custom_id, line_no, rid, stream, claim
+            )
             tracing.answered(span, answer.outcome.status_code, answer.outcome.error_code)
             return answer
 
@@ -269,15 +314,19 @@ class LineActivities:
         line_no: int,
         rid: str,
         stream: Reassembled | None = None,
+        claim: Claim | None = None,
     ) -> Answer:
         """Send one request (`X-Request-ID: rid`) and turn whatever comes back into the line's
         record. The client's own `priority` is dropped; the route's hint added (vllm only).
         With `stream`, the request asks for a stream, and `stream` puts its events back together
-        as they come (so what was generated is known if the line is preempted)."""
+        as they come (so what was generated is known if the line is preempted). The answer
+        grows `claim` (what the line holds of the worker's buffer budget) as it comes: one it
+        cannot hold is given up and sent again later (`worker_busy`)."""
         spec = REGISTRY[input.endpoint]
         sent = request["body"] if stream is None else streamed_body(request["body"])
         body = upstream_body(sent, route, input.priority, endpoint=input.endpoint)
         limit = self.settings.limits.max_response_bytes
+        held = claim.size if claim is not None else 0
         timeout = self._timeout(input)
         try:
             # The whole exchange, not each read, is bounded by the line timeout.
@@ -310,6 +359,9 @@ class LineActivities:
                         if size > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
                             return failed(custom_id, line_no, "response_too_large", msg)
+                        if claim is not None and not claim.resize(held + ANSWER_COPIES * size):
+                            msg = "The worker had no room left for this answer; it is sent again."
+                            return failed(custom_id, line_no, "worker_busy", msg, retry=True)
                 finally:
                     await resp.aclose()
                 if streamed:

@@ -19,13 +19,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, get_args
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from temporalio.client import Client, WorkflowExecution
 from temporalio.service import RPCError
 
 from api import batch_reads, batches, jobs
 from api.admin_batches import AdminReaderDep, batch_filters
-from api.deps import ClientDep, Identity, StoreDep
+from api.deps import BuffersDep, ClientDep, Identity, SettingsDep, StoreDep
 from api.errors import InvalidRequest
 from api.history_view import started_input
 from api.schemas import COMMON_ERRORS, AdminJob, AdminJobList, JobIdentity, error_responses
@@ -149,11 +149,16 @@ async def retrieve_any_job(
     responses=jobs.output_responses(404, 409),
 )
 async def any_job_output(
-    job_id: str, client: ClientDep, store: StoreDep, identity: AdminReaderDep
-) -> JSONResponse:
+    job_id: str,
+    client: ClientDep,
+    store: StoreDep,
+    identity: AdminReaderDep,
+    settings: SettingsDep,
+    buffers: BuffersDep,
+) -> Response:
     """As `GET /gateway/v1/batches/{id}/output`, for a job of any workspace (platform admins;
     auditors never read content)."""
-    return await jobs.output(job_id, client, store, identity)
+    return await jobs.output(job_id, client, store, identity, settings, buffers)
 
 
 async def _control(

@@ -39,10 +39,11 @@ from api.request_spans import RequestSpans
 from api.route_poller import RoutePoller
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints, tracing
+from backfill.byte_budget import ByteBudget
 from backfill.config import Settings, configured_bases
 from backfill.load_reader import ServerLoadReader
 from backfill.preempt_peers import parse_networks
-from backfill.store import open_store
+from backfill.store import CHUNK_BYTES, open_store
 from backfill.temporal_client import connect
 from backfill.usage import UsageJournal
 
@@ -67,6 +68,11 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         app.state.live_limits = LiveLimits()
         app.state.live_budget = RelayBudget(settings.limits.live_buffer_total_bytes)
+        app.state.usage_buffers = ByteBudget(
+            settings.api_usage_buffer_bytes,
+            settings.api_usage_buffer_workspace_bytes,
+            name="api_usage",
+        )
         if client is not None:
             link = TemporalLink.connected(client)
         else:
@@ -121,6 +127,10 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     errors.install(app)
+    buffers = ByteBudget(
+        settings.api_buffer_bytes, settings.api_buffer_workspace_bytes, name="api_requests"
+    )
+    app.state.buffers = buffers  # request bodies and answers built whole (`api.buffers`)
     # Added innermost first: every answer gets an X-Request-ID, then bodies are bounded before
     # any route, key check or parsing runs, then unexpected errors become 500 envelopes.
     app.add_middleware(CatchAll)
@@ -128,6 +138,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         BodyLimit,
         rule_for=body_rules(settings),
         key_known=lambda k: settings.key_for(k) is not None,
+        budget=buffers,
+        tenant_of=lambda k: key.workspace if (key := settings.key_for(k)) else "",
     )
     app.add_middleware(RequestSpans)  # when tracing is on; inside, so it knows the request id
     app.add_middleware(RequestIdMiddleware)
@@ -187,6 +199,7 @@ def body_rules(settings: Settings) -> Callable[[str, str], BodyRule]:
         code="file_too_large",
         param="file",
         message=f"File is too large: the limit is {limits.max_file_bytes} bytes.",
+        held_bytes=settings.s3_part_bytes + CHUNK_BYTES,
     )
     live = BodyRule(max(limits.max_request_bytes, limits.max_line_bytes))
     other = BodyRule(limits.max_request_bytes)

@@ -29,7 +29,7 @@ from backfill.admission import ReserveRequest
 from backfill.batches import COMPLETION_WINDOWS, TERMINAL_STATUSES, Batch
 from backfill.config import Settings
 from backfill.ids import new_batch_id
-from backfill.jobs import job_memo
+from backfill.jobs import JOB_METADATA_KEY, job_memo
 from backfill.lifecycle import SUMMARY_MEMO, initial_batch
 from backfill.messages import BatchInput, PauseRequest
 from backfill.progress import add_route_reasons
@@ -58,6 +58,7 @@ async def create_batch(
     store: StoreDep,
     identity: WriterDep,
 ) -> Batch:
+    refuse_reserved_metadata(req.metadata)
     file = await asyncio.to_thread(store.get_file, req.input_file_id)
     if file is None or file.workspace != identity.workspace:
         raise NotFound(
@@ -69,6 +70,15 @@ async def create_batch(
             param="input_file_id",
         )
     return await start_batch(req, file, settings, client, store, identity)
+
+
+def refuse_reserved_metadata(metadata: dict[str, str] | None) -> None:
+    """400 (param `metadata`) for metadata that sets a key only the gateway sets: the job
+    marker (`backfill.jobs.JOB_METADATA_KEY`), which `/gateway/v1/batches` adds itself."""
+    if metadata and JOB_METADATA_KEY in metadata:
+        raise InvalidRequest(
+            f"The metadata key {JOB_METADATA_KEY!r} is reserved.", param="metadata"
+        )
 
 
 async def start_batch(

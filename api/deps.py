@@ -11,6 +11,7 @@ from temporalio.client import Client
 
 from api.errors import Forbidden, Unauthorized
 from backfill import tracing
+from backfill.byte_budget import ByteBudget
 from backfill.config import ApiKeyConfig, Role, Settings
 from backfill.store import Store
 
@@ -63,6 +64,11 @@ def get_http(request: Request) -> httpx.AsyncClient:
     return request.app.state.http  # type: ignore[no-any-return]
 
 
+def get_buffers(request: Request) -> ByteBudget:
+    """The process's buffer budget (request bodies, answers built whole: `api.buffers`)."""
+    return request.app.state.buffers  # type: ignore[no-any-return]
+
+
 def get_identity(
     request: Request, settings: Annotated[Settings, Depends(get_settings)]
 ) -> Identity:
@@ -100,5 +106,6 @@ def get_writer(identity: Annotated[Identity, Depends(get_identity)]) -> Identity
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClientDep = Annotated[Client, Depends(get_client)]
 StoreDep = Annotated[Store, Depends(get_store)]
+BuffersDep = Annotated[ByteBudget, Depends(get_buffers)]
 IdentityDep = Annotated[Identity, Depends(get_identity)]
 WriterDep = Annotated[Identity, Depends(get_writer)]

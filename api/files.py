@@ -12,7 +12,8 @@ from fastapi.responses import StreamingResponse
 
 from api import admission, audit
 from api.admission import Pinned
-from api.deps import ClientDep, IdentityDep, SettingsDep, StoreDep
+from api.buffers import HeldStreamingResponse, take
+from api.deps import BuffersDep, ClientDep, IdentityDep, SettingsDep, StoreDep
 from api.errors import APIError, InvalidRequest, NotFound, TooManyRequests
 from api.schemas import (
     COMMON_ERRORS,
@@ -25,12 +26,15 @@ from api.schemas import (
 from api.upload import read_upload
 from backfill.admission import pinned_bytes
 from backfill.config import Settings
+from backfill.store import CHUNK_BYTES, Store, chunks
 from backfill.store import FileObject as StoredFile
-from backfill.store import Store, chunks
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=COMMON_ERRORS)
 
 ACCEPTED_PURPOSES = ("batch",)
+DOWNLOAD_HELD_BYTES = 2 * CHUNK_BYTES
+"""What a file download holds while it streams: the chunk in flight and the store's read buffer
+(the S3 store reads ahead 1 MiB)."""
 
 
 async def _visible(store: StoreDep, identity: IdentityDep, file_id: str) -> StoredFile:
@@ -207,20 +211,26 @@ async def retrieve_file(file_id: str, store: StoreDep, identity: IdentityDep) ->
         **error_responses(403, 404),
     },
 )
-async def file_content(file_id: str, store: StoreDep, identity: IdentityDep) -> StreamingResponse:
+async def file_content(
+    file_id: str, store: StoreDep, identity: IdentityDep, buffers: BuffersDep
+) -> StreamingResponse:
     obj = await _visible(store, identity, file_id)
     identity.require_content()
     audit.cross_workspace(identity, "file.content", obj.id, obj.workspace)
+    # A chunk and the store's read buffer in flight, held until the stream ends (`api.buffers`).
+    claim = take(buffers, obj.workspace, DOWNLOAD_HELD_BYTES)
     try:
         stream = await asyncio.to_thread(store.open_file, obj.id)
     except FileNotFoundError:  # deleted since its metadata was read
+        claim.release()
         raise NotFound(
             f"No such File object: {file_id}", param="id", code="file_not_found"
         ) from None
     # A sync iterator: Starlette reads each chunk in a worker thread, off the event loop, and
     # closes it (and the stream) if the client goes away. One chunk in memory at a time.
-    return StreamingResponse(
+    return HeldStreamingResponse(
         chunks(stream),
+        claim,
         media_type="application/octet-stream",
         headers={"content-length": str(obj.bytes), "content-disposition": _attachment(obj)},
     )

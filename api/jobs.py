@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
 from typing import Annotated, Any
 
@@ -21,18 +22,29 @@ from temporalio.client import Client, WorkflowExecution
 
 from api import admission, audit, batch_reads, batches
 from api.admission import Pinned
-from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
+from api.buffers import HeldResponse
+from api.buffers import busy as buffers_busy
+from api.deps import (
+    BuffersDep,
+    ClientDep,
+    Identity,
+    IdentityDep,
+    SettingsDep,
+    StoreDep,
+    WriterDep,
+)
 from api.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
 from api.files import storage_room
 from api.schemas import COMMON_ERRORS, CreateBatch, CreateJob, JobList, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchError
+from backfill.byte_budget import ByteBudget, Claim
 from backfill.config import Settings
 from backfill.input_rules import validate_input
 from backfill.jobs import (
     JOB_MEMO,
     JOB_METADATA,
-    JOB_METADATA_KEY,
+    RECORD_HEAD_BYTES,
     Job,
     JobState,
     is_job,
@@ -40,6 +52,7 @@ from backfill.jobs import (
     job_of,
     job_state,
     read_record,
+    read_record_head,
 )
 from backfill.store import FileObject as StoredFile
 from backfill.store import Store
@@ -50,6 +63,9 @@ router = APIRouter(prefix=PREFIX, tags=["jobs"], responses=COMMON_ERRORS)
 JOB_FILENAME = "gateway-job.jsonl"
 """The name of a job's stored input file (one line)."""
 _UNCONTROLLABLE: frozenset[JobState] = frozenset({"completed", "failed", "cancelled"})
+OUTPUT_COPIES = 3
+"""What a job's output holds while it is served, in its record's size: the record read, the
+answer decoded from it, and the answer encoded to be sent."""
 _PAUSABLE = ("validating", "in_progress")
 """The batch statuses a job may be paused or resumed in (as for any batch)."""
 
@@ -82,10 +98,7 @@ async def create_job(
 ) -> Job:
     """Queue one request; it runs in the route's spare capacity like a batch line."""
     metadata = dict(req.metadata or {})
-    if JOB_METADATA_KEY in metadata:
-        raise InvalidRequest(
-            f"The metadata key {JOB_METADATA_KEY!r} is reserved.", param="metadata"
-        )
+    batches.refuse_reserved_metadata(metadata)
     line = job_line(req.path, req.body)
     _check_line(line, req.path, settings, identity)
     workspace = identity.workspace
@@ -202,16 +215,47 @@ def output_responses(*errors: int) -> dict[int | str, dict[str, Any]]:
     responses=output_responses(403, 404, 409),
 )
 async def job_output(
-    job_id: str, client: ClientDep, store: StoreDep, identity: IdentityDep
-) -> JSONResponse:
-    return await output(job_id, client, store, identity)
+    job_id: str,
+    client: ClientDep,
+    store: StoreDep,
+    identity: IdentityDep,
+    settings: SettingsDep,
+    buffers: BuffersDep,
+) -> Response:
+    return await output(job_id, client, store, identity, settings, buffers)
 
 
-async def output(job_id: str, client: Client, store: Store, identity: Identity) -> JSONResponse:
-    """The completed job's answer body, for this caller (shared with the admin endpoints)."""
+async def output(
+    job_id: str,
+    client: Client,
+    store: Store,
+    identity: Identity,
+    settings: Settings,
+    buffers: ByteBudget,
+) -> Response:
+    """The completed job's answer body, for this caller (shared with the admin endpoints).
+    Its record is read up to the largest a line's can be (`limits.max_response_bytes` and the
+    record's own fields); one longer is not a job's, and is not read on. What it holds is
+    claimed from the process's `buffers` first, in the job's workspace's share (`api.buffers`:
+    503 `gateway_busy` when it does not fit) and given back once the answer is sent."""
     identity.require_content()
     batch = await job_batch(client, identity, job_id)
-    record = read_record(await asyncio.to_thread(_record, store, batch))
+    most = settings.limits.max_response_bytes + RECORD_HEAD_BYTES
+    claim = buffers.claim(batch.backfill.workspace or identity.workspace)
+    try:
+        return await _output(job_id, identity, store, batch, claim, most)
+    except BaseException:
+        claim.release()
+        raise
+
+
+async def _output(
+    job_id: str, identity: Identity, store: Store, batch: Batch, claim: Claim, most: int
+) -> Response:
+    data = await asyncio.to_thread(_output_record, store, batch, claim, most + 1)
+    if data is not None and (end := data.find(b"\n")) >= 0:
+        data = data[:end]  # the first line: a job's output file holds one
+    record = read_record(data) if data is not None and len(data) <= most else None
     job = job_of(batch, record)
     if job.state == "failed":
         why = f" ({job.error.code}: {job.error.message})" if job.error else ""
@@ -228,7 +272,8 @@ async def output(job_id: str, client: Client, store: Store, identity: Identity) 
             code="output_not_found",
         )
     audit.cross_workspace(identity, "job.output", job_id, batch.backfill.workspace or "")
-    return JSONResponse(record.body)
+    body = json.dumps(record.body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return HeldResponse(body.encode(), claim)
 
 
 async def job_batch(client: Client, identity: Identity, job_id: str) -> Batch:
@@ -244,24 +289,46 @@ async def job_batch(client: Client, identity: Identity, job_id: str) -> Batch:
 
 
 async def view(store: Store, batch: Batch) -> Job:
-    return job_of(batch, read_record(await asyncio.to_thread(_record, store, batch)))
+    """The job view of `batch`: at most `RECORD_HEAD_BYTES` of its record are read, whatever
+    the size of its answer (or of the output file of a batch that only says it is a job)."""
+    head = await asyncio.to_thread(_record, store, batch, RECORD_HEAD_BYTES + 1)
+    cut = head is not None and len(head) > RECORD_HEAD_BYTES
+    return job_of(batch, read_record_head(head, cut=cut) if head is not None else None)
 
 
-def _record(store: Store, batch: Batch) -> bytes | None:
-    """The job's line's committed record: in the store while the batch runs, in its output or
-    error file (one line) once it ended. None when there is none (yet, or any more)."""
+def _record(store: Store, batch: Batch, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the job's line's committed record: in the store while the batch
+    runs, in its output or error file (one line) once it ended. None when there is none (yet,
+    or any more)."""
     if batch.status in TERMINAL_STATUSES:
         for file_id in (batch.output_file_id, batch.error_file_id):
             if file_id:
                 try:
-                    return store.read_file(file_id)
+                    return store.read_file_head(file_id, max_bytes)
                 except FileNotFoundError:
                     continue
         return None
     try:
-        return store.get_result(batch.id, 0)
+        return store.get_result_head(batch.id, 0, max_bytes)
     except (FileNotFoundError, KeyError):
         return None
+
+
+def _output_record(store: Store, batch: Batch, claim: Claim, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the ended job's output (or error) file, `OUTPUT_COPIES` times
+    its size claimed before it is read (503 `gateway_busy` when that does not fit)."""
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        obj = store.get_file(file_id) if file_id else None
+        if obj is None:
+            continue
+        size = min(obj.bytes, max_bytes)
+        if not claim.resize(OUTPUT_COPIES * size):
+            raise buffers_busy()
+        try:
+            return store.read_file_head(obj.id, size)
+        except FileNotFoundError:
+            continue
+    return None
 
 
 # ---- control ---------------------------------------------------------------------------------

@@ -4,6 +4,11 @@ A JSON answer's `usage` is read once the body is complete (bodies over `MAX_JSON
 kept, and count no tokens); an SSE stream's usage is the last `data:` event that carries one,
 which OpenAI-compatible servers send only when the request set
 `stream_options.include_usage` (a stream without it counts the request, not its tokens).
+
+What is kept draws on the api process's usage budget (`Settings.api_usage_buffer_bytes`, a
+share per workspace; `backfill.byte_budget`): an answer (or an event) that does not fit is not
+kept and counts no tokens, as one over the cap. The relay never waits on it: the client gets
+every byte either way.
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from backfill import strict_json
+from backfill.byte_budget import Claim
 from backfill.endpoints import CHAT_USAGE, UsageFields
 from backfill.records import usage_of
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 """Largest JSON answer kept to read its usage."""
+DECODED_COPIES = 3
+"""What decoding a kept answer for its usage may take, in its size (a float is a 24-byte object
+and an 8-byte pointer for about 10 bytes of text). One at a time: it runs on the event loop."""
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """Longest SSE line kept to read its usage (a Responses API `response.completed` event carries
 the whole response); a longer one is passed over up to its newline, and counts no tokens."""
@@ -24,10 +33,15 @@ the whole response); a longer one is passed over up to its newline, and counts n
 class UsageReader:
     """Fed every relayed chunk; `tokens()` is (prompt, completion) at the end."""
 
-    def __init__(self, content_type: str, fields: UsageFields = CHAT_USAGE) -> None:
+    def __init__(
+        self, content_type: str, fields: UsageFields = CHAT_USAGE, claim: Claim | None = None
+    ) -> None:
         self.stream = content_type.startswith("text/event-stream")
         self.fields = fields
         """The endpoint's usage layout (`backfill.endpoints`)."""
+        self.claim = claim
+        """What the kept bytes hold of the process's usage budget (None: no budget); given
+        back by `tokens()`."""
         self._buf = bytearray()
         """JSON: the body so far; SSE: the line not yet ended (only that, at most
         `MAX_EVENT_BYTES`)."""
@@ -41,9 +55,16 @@ class UsageReader:
             return
         if self._too_large:
             return
-        self._buf += chunk
-        if len(self._buf) > MAX_JSON_BYTES:
+        size = len(self._buf) + len(chunk)
+        if size > MAX_JSON_BYTES or not self._hold(size):
             self._too_large, self._buf = True, bytearray()
+            self._hold(0)
+            return
+        self._buf += chunk
+
+    def _hold(self, size: int) -> bool:
+        """Whether the budget lets `size` bytes be kept (they are claimed if so)."""
+        return self.claim is None or self.claim.resize(size)
 
     def _feed_stream(self, chunk: bytes) -> None:
         """Each line is looked at once, when its newline arrives: the bytes already held are
@@ -61,10 +82,13 @@ class UsageReader:
                 self._event(chunk[start:end].strip())
             start = end + 1
         if self._too_large or start == len(chunk):
+            self._hold(len(self._buf))
             return
-        if len(self._buf) + len(chunk) - start > MAX_EVENT_BYTES:
+        size = len(self._buf) + len(chunk) - start
+        if size > MAX_EVENT_BYTES or not self._hold(size):
             self._too_large = True
             self._buf.clear()
+            self._hold(0)
         else:
             self._buf += chunk[start:]
 
@@ -91,5 +115,7 @@ class UsageReader:
                 body = None
             if isinstance(body, dict):
                 self._usage = body.get("usage")
+        self._buf = bytearray()
+        self._hold(0)
         counts = usage_of(self._usage, self.fields)
         return (counts.input_tokens, counts.output_tokens) if counts else (0, 0)

@@ -42,6 +42,7 @@ from api.request_id import request_id
 from api.schemas import COMMON_ERRORS, ErrorResponse
 from backfill import strict_json, tracing
 from backfill.body_policy import refusal_message, refused_field
+from backfill.byte_budget import ByteBudget, Claim
 from backfill.config import ModelConfig, Settings
 from backfill.endpoints import CHAT_USAGE, REGISTRY, EndpointSpec, UsageFields
 from backfill.metrics import LIVE_REQUEST_SECONDS
@@ -217,7 +218,9 @@ async def _forward(
         stall_seconds=settings.limits.live_stall_seconds,
     )
     budget: RelayBudget = request.app.state.live_budget
-    return UpstreamResponse(http, upstream, live, terms, budget, account, spec.usage)
+    usage_buffers: ByteBudget | None = getattr(request.app.state, "usage_buffers", None)
+    claim = usage_buffers.claim(identity.workspace) if usage_buffers is not None else None
+    return UpstreamResponse(http, upstream, live, terms, budget, account, spec.usage, claim)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -240,7 +243,7 @@ def _decoded(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, decoded strictly (`backfill.strict_json`: no NaN, Infinity or
     1e999, at most `MAX_DEPTH` levels), or a 400."""
     try:
-        parsed = strict_json.loads(raw)
+        parsed = strict_json.loads(raw, unique_keys=True)
     except ValueError as err:
         msg = f"The request body is not valid JSON: {strict_json.describe(err)}."
         raise InvalidRequest(msg) from None
@@ -302,6 +305,7 @@ class UpstreamResponse(Response):
         budget: RelayBudget,
         account: Callable[[str, int, int], None] | None = None,
         usage: UsageFields = CHAT_USAGE,
+        usage_claim: Claim | None = None,
     ) -> None:
         super().__init__()
         self.http, self.upstream, self.live, self.terms = http, upstream, live, terms
@@ -315,6 +319,8 @@ class UpstreamResponse(Response):
         """Where the endpoint's answers keep their usage."""
         self.reader: UsageReader | None = None
         self.count: LiveCount | None = None
+        self.usage_claim = usage_claim
+        """The workspace's claim on the process's usage budget, for the reader."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.started = time.monotonic()
@@ -408,7 +414,7 @@ class UpstreamResponse(Response):
             if not await self._send(send, start):
                 return True
             content_type = resp.headers.get("content-type", "")
-            self.reader = UsageReader(content_type, self.usage)
+            self.reader = UsageReader(content_type, self.usage, self.usage_claim)
             buffer = RelayBuffer(self.terms.buffer_bytes, self.budget)
             stalled = False
             async with anyio.create_task_group() as reading:

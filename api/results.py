@@ -37,8 +37,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 
-from api.batch_reads import describe_batch
-from api.deps import ClientDep, IdentityDep, StoreDep
+from api import audit
+from api.batch_reads import describe_batch, workspace_of
+from api.buffers import HeldResponse, take
+from api.deps import BuffersDep, ClientDep, IdentityDep, StoreDep
 from api.errors import InvalidRequest, NotFound
 from api.schemas import COMMON_ERRORS, error_responses
 from backfill.messages import FinalizedFiles
@@ -154,6 +156,7 @@ async def batch_results(
     client: ClientDep,
     store: StoreDep,
     identity: IdentityDep,
+    buffers: BuffersDep,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
@@ -161,13 +164,17 @@ async def batch_results(
     cursor = Cursor.parse(after)
     desc = await describe_batch(client, identity, batch_id)
     identity.require_content()
+    audit.cross_workspace(identity, "batch.results", batch_id, workspace_of(desc))
     running = desc.status in (
         WorkflowExecutionStatus.RUNNING,
         WorkflowExecutionStatus.CONTINUED_AS_NEW,
     )
     loop = asyncio.get_running_loop()
     page, has_more = await loop.run_in_executor(_PAGES, read_page, store, batch_id, cursor, limit)
-    return Response(page.body(has_more or running), media_type="application/json")
+    body = page.body(has_more or running)
+    del page
+    # Built in one of `PAGE_READERS` threads; held from here until sent (`api.buffers`).
+    return HeldResponse(body, take(buffers, workspace_of(desc), len(body)))
 
 
 _PAGES = ThreadPoolExecutor(PAGE_READERS, thread_name_prefix="result-pages")

@@ -189,7 +189,8 @@ class CreateBatch(BaseModel):
     metadata: dict[MetadataKey, MetadataValue] | None = Field(
         default=None, max_length=MAX_METADATA_PAIRS
     )
-    """Up to 16 pairs; keys of at most 64 characters, string values of at most 512."""
+    """Up to 16 pairs; keys of at most 64 characters, string values of at most 512; the key
+    `backfill_job` is reserved (it marks a single job, `/gateway/v1/batches`)."""
     output_expires_after: ExpiresAfter | None = None
     """OpenAI's expiration policy for the output and error files (default: kept until deleted)."""
 

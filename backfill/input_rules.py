@@ -109,7 +109,7 @@ class _LineChecker:
 
     def check(self, raw: bytes, lineno: int) -> BatchError | CheckedLine:
         try:
-            obj = strict_json.loads(raw)
+            obj = strict_json.loads(raw, unique_keys=True)
         except strict_json.TooDeep as e:
             return BatchError(
                 code="invalid_json_line",

@@ -113,6 +113,28 @@ def read_record(data: bytes | None) -> LineRecord | None:
     return None
 
 
+RECORD_HEAD_BYTES = 64 * 1024
+"""Most bytes of a job's record read for its view (state, status, request id, error): never
+the whole answer, which may be as large as `limits.max_response_bytes`."""
+_BODY_KEY = b',"body":'
+"""Where an answer record's body starts (`records.response_record_bytes` writes the status and
+request id before it). A quote after a comma never occurs inside a JSON string (a quote there
+is escaped), so the first match is the key."""
+
+
+def read_record_head(head: bytes, *, cut: bool) -> LineRecord | None:
+    """`read_record` of a record of which only `head` was read: `cut` when the record goes on
+    past it. The first line only (an output file holds one). A cut answer record shows its
+    status and request id, not its body (an error answer's message is the plain one)."""
+    end = head.find(b"\n")
+    if end >= 0 or not cut:
+        return read_record(head[:end] if end >= 0 else head)
+    at = head.find(_BODY_KEY)
+    if at < 0:
+        return None
+    return read_record(head[:at] + b"}}")
+
+
 def _answer_message(body: Any, status: int | None) -> str:
     """The message of a backend's error answer (OpenAI's envelope), else a plain one."""
     err = body.get("error") if isinstance(body, dict) else None

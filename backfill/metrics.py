@@ -37,6 +37,17 @@ PREEMPTED_LINES = Counter(
     "again later.",
     ["route"],
 )
+BUFFER_BYTES = Gauge(
+    "gateway_buffer_bytes",
+    "Bytes this process's buffers of a kind hold now, against its byte budget "
+    "(docs/operator-guide.md, memory budget per process).",
+    ["buffer"],
+)
+BUFFER_REFUSALS = Counter(
+    "gateway_buffer_refusals_total",
+    "Buffers refused room in this process's byte budget (a workspace's share or the total).",
+    ["buffer"],
+)
 BATCH_SEATS_HELD_BACK = Gauge(
     "gateway_batch_seats_held_back",
     "Seats this worker holds back from the route's batch lines, beyond keep_free, to keep the "

@@ -11,8 +11,12 @@ Strict in three ways Python's `json` is not:
   decoder runs, so the limit does not depend on the recursion limit or on how much stack the
   calling thread has left (the C decoder recurses once per level).
 
+A client's text (a live request body, a batch input line) is also read with `unique_keys`: an
+object with the same key twice is refused, since the gateway's checks would read one value (the
+last) and a model server may act on the other.
+
 Every refusal is a `ValueError` (`json.JSONDecodeError` for syntax, `TooDeep`, `NotFinite`,
-`UnicodeDecodeError`), so callers catch one type.
+`DuplicateKey`, `UnicodeDecodeError`), so callers catch one type.
 """
 
 from __future__ import annotations
@@ -55,6 +59,25 @@ class NotFinite(ValueError):
     """NaN, Infinity, or a number too large to represent (1e999)."""
 
 
+class DuplicateKey(ValueError):
+    """An object with the same key twice (read with `unique_keys`)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {key[:64]!r} appears more than once in one object")
+        self.key = key
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def _reject_constant(name: str) -> Any:
     raise NotFinite(f"{name} is not valid JSON")
 
@@ -70,6 +93,13 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _CAREFUL_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 """Checks every float: slower (a Python call per number), used only when `_maybe_huge` finds
 one."""
+_UNIQUE_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, object_pairs_hook=_unique_object
+)
+_UNIQUE_CAREFUL_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_unique_object
+)
+"""The two above, refusing an object with a key twice (a Python call per object)."""
 
 
 def _deepest(bare: bytes) -> int:
@@ -101,18 +131,29 @@ def check_depth(data: bytes | bytearray, limit: int = MAX_DEPTH) -> None:
         raise TooDeep(limit)
 
 
-def loads(data: bytes | bytearray | str, *, max_depth: int = MAX_DEPTH, finite: bool = True) -> Any:
+def loads(
+    data: bytes | bytearray | str,
+    *,
+    max_depth: int = MAX_DEPTH,
+    finite: bool = True,
+    unique_keys: bool = False,
+) -> Any:
     """Decode one JSON text strictly (see the module). Raises `ValueError` on any refusal.
 
     `finite=False` reads a number too large for a float as infinity instead of refusing it: for
     texts kept byte for byte as they came (an upstream answer spliced into a record), which are
     only looked at, never written again from their decoding. NaN and Infinity are refused
-    either way."""
+    either way.
+
+    `unique_keys` refuses an object with the same key twice (`DuplicateKey`): for a client's
+    text, which the gateway checks and forwards as sent."""
     raw = data.encode() if isinstance(data, str) else data
     check_depth(raw, max_depth)
     text = data if isinstance(data, str) else raw.decode("utf-8")
-    decoder = _CAREFUL_DECODER if finite and _maybe_huge(raw) else _DECODER
-    return decoder.decode(text)
+    careful = finite and _maybe_huge(raw)
+    if unique_keys:
+        return (_UNIQUE_CAREFUL_DECODER if careful else _UNIQUE_DECODER).decode(text)
+    return (_CAREFUL_DECODER if careful else _DECODER).decode(text)
 
 
 def describe(err: ValueError) -> str:

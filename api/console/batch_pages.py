@@ -18,7 +18,7 @@ from api import batch_reads, batches, files
 from api.admin_batches import batch_filters
 from api.console.lists import Action, ListQueryDep, control, render_list
 from api.console.web import SessionDep, render, router
-from api.deps import ClientDep, SettingsDep, StoreDep
+from api.deps import BuffersDep, ClientDep, SettingsDep, StoreDep
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
 from backfill.jobs import is_job
 
@@ -131,6 +131,8 @@ async def control_batch(
 
 
 @router.get("/files/{file_id}/content", response_model=None)
-async def download(file_id: str, session: SessionDep, store: StoreDep) -> StreamingResponse:
+async def download(
+    file_id: str, session: SessionDep, store: StoreDep, buffers: BuffersDep
+) -> StreamingResponse:
     """A file's bytes through the session (the same checks as `GET /v1/files/{id}/content`)."""
-    return await files.file_content(file_id, store, session.identity)
+    return await files.file_content(file_id, store, session.identity, buffers)

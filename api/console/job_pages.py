@@ -18,7 +18,7 @@ from api import jobs
 from api.admin_jobs import admin_view, job_page
 from api.console.lists import Action, ListQueryDep, control, render_list
 from api.console.web import SessionDep, render, router
-from api.deps import ClientDep, SettingsDep, StoreDep
+from api.deps import BuffersDep, ClientDep, SettingsDep, StoreDep
 from backfill.jobs import TERMINAL_JOB_STATES, Job, JobState
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)
@@ -96,10 +96,15 @@ async def control_job(
 
 @router.get("/jobs/{job_id}/output", response_model=None)
 async def job_output(
-    job_id: str, session: SessionDep, client: ClientDep, store: StoreDep
+    job_id: str,
+    session: SessionDep,
+    client: ClientDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    buffers: BuffersDep,
 ) -> Response:
     """The completed job's answer (JSON), as a download; checked like `GET
     /gateway/v1/batches/{id}/output` (409 before it completed, 403 for an auditor)."""
-    answer = await jobs.output(job_id, client, store, session.identity)
+    answer = await jobs.output(job_id, client, store, session.identity, settings, buffers)
     answer.headers["Content-Disposition"] = f'attachment; filename="{job_id}-output.json"'
     return answer

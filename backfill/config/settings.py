@@ -111,6 +111,31 @@ class Settings(BaseSettings):
     """Connections (or requests) the api serves at once; past it uvicorn answers 503 at once, so
     slow or idle clients cannot hold every socket and file descriptor (uvicorn's
     `limit_concurrency`). Keep it above the live requests you expect at once."""
+    api_buffer_bytes: int = Field(
+        default=192 * 1024 * 1024, ge=16 * 1024 * 1024, validation_alias="BACKFILL_API_BUFFER_BYTES"
+    )
+    """What one api process holds at once, together, of request bodies (3 times each body's
+    size: its bytes, their decoding and the body sent on; an upload, its part buffer and chunk
+    while it streams), of the answers it builds whole (a results page, a job's output) and of
+    file downloads (2 MiB each in flight), in `backfill.byte_budget`. A request that does not
+    fit is answered 503 `gateway_busy` with `Retry-After` (a body before it is read)."""
+    api_buffer_workspace_bytes: int = Field(
+        default=48 * 1024 * 1024,
+        ge=4 * 1024 * 1024,
+        validation_alias="BACKFILL_API_BUFFER_WORKSPACE_BYTES",
+    )
+    """Of `api_buffer_bytes`, what one workspace's requests may hold (those of its keys;
+    requests without a key share one part)."""
+    api_usage_buffer_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0, validation_alias="BACKFILL_API_USAGE_BUFFER_BYTES"
+    )
+    """Unstreamed live answers one api process keeps at once to read their token usage (each at
+    most 16 MiB). An answer that does not fit is relayed all the same, and its journal entry
+    counts the request with 0 tokens."""
+    api_usage_buffer_workspace_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=0, validation_alias="BACKFILL_API_USAGE_BUFFER_WORKSPACE_BYTES"
+    )
+    """Of `api_usage_buffer_bytes`, what one workspace's answers may hold."""
     api_keepalive_seconds: int = Field(
         default=5, ge=1, le=600, validation_alias="BACKFILL_API_KEEPALIVE_SECONDS"
     )
@@ -181,6 +206,24 @@ class Settings(BaseSettings):
         validation_alias="BACKFILL_WORKER_MAX_CONCURRENT_ACTIVITIES",
     )
     """Activity slots per worker: must cover the sum of route caps this worker serves."""
+    worker_buffer_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=16 * 1024 * 1024,
+        validation_alias="BACKFILL_WORKER_BUFFER_BYTES",
+    )
+    """What the running lines of one worker process hold at once, together: each its request
+    (3 times its line's size, with the partial answer it continues: the line, its decoding and
+    the body sent) and its answer (twice:
+    the answer and its record) (`backfill.byte_budget`). A line whose request does not fit
+    waits for room (`activities.lines.BUFFER_WAIT_SECONDS`), then goes back to its queue
+    unsent, nothing counted; one whose answer outgrows the room left is sent again later
+    (`worker_busy`, counted as a retry)."""
+    worker_buffer_workspace_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=16 * 1024 * 1024,
+        validation_alias="BACKFILL_WORKER_BUFFER_WORKSPACE_BYTES",
+    )
+    """Of `worker_buffer_bytes`, what the lines of one workspace's batches may hold."""
     upstream_keepalive_seconds: float = Field(
         default=2.0,
         gt=0,

@@ -208,6 +208,12 @@ class Store(ABC):
         with self.open_file(file_id) as f:
             return f.read()
 
+    def read_file_head(self, file_id: str, max_bytes: int) -> bytes:
+        """At most the first `max_bytes` of the file's content, never more read from the
+        backend (a job's status reads its record this way); FileNotFoundError as `open_file`."""
+        with self.open_file(file_id) as f:
+            return f.read(max_bytes)
+
     @abstractmethod
     def delete_file(self, file_id: str) -> bool:
         """Delete the file, its metadata first (so it is gone for every reader at once), then
@@ -355,6 +361,12 @@ class Store(ABC):
     @abstractmethod
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         """The line's committed record, whole; None if none is committed yet."""
+
+    def get_result_head(self, batch_id: str, line_no: int, max_bytes: int) -> bytes | None:
+        """At most the first `max_bytes` of the line's committed record; None as `get_result`.
+        A store whose backend can read part of an object reads no more than that."""
+        record = self.get_result(batch_id, line_no)
+        return None if record is None else record[:max_bytes]
 
     # ---- batches: preempted lines' partial answers ----------------------------------------------
     @abstractmethod

@@ -263,6 +263,13 @@ class FileStore(Store):
         except FileNotFoundError:
             return None
 
+    def get_result_head(self, batch_id: str, line_no: int, max_bytes: int) -> bytes | None:
+        try:
+            with self._result_path(batch_id, line_no).open("rb") as f:
+                return f.read(max_bytes)
+        except FileNotFoundError:
+            return None
+
     def _partial_path(self, batch_id: str, line_no: int) -> Path:
         d = self._batch_dir(batch_id)
         return d / "partials" / f"{line_no // 1000:05d}" / f"{line_no}.json"

@@ -144,6 +144,24 @@ class S3Store(S3Objects, Store):
             raise FileNotFoundError(file_id)
         return f
 
+    def read_file_head(self, file_id: str, max_bytes: int) -> bytes:
+        """A ranged GET of the first `max_bytes` (an empty file reads empty)."""
+        try:
+            key = self._file_key(file_id, "data")
+        except KeyError:
+            raise FileNotFoundError(file_id) from None
+        if max_bytes <= 0:
+            return b""
+        try:
+            data = self._get(key, f"bytes=0-{max_bytes - 1}")
+        except ClientError as err:
+            if _code(err) == "InvalidRange":  # an empty file
+                return b""
+            raise
+        if data is None:
+            raise FileNotFoundError(file_id)
+        return data
+
     def open_file_from(self, file_id: str, offset: int) -> BinaryIO:
         """A ranged GET from `offset`: the bytes before it are never transferred."""
         if offset <= 0:
@@ -395,6 +413,12 @@ class S3Store(S3Objects, Store):
 
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         return self._get(self._result_key(batch_id, line_no))
+
+    def get_result_head(self, batch_id: str, line_no: int, max_bytes: int) -> bytes | None:
+        """A ranged GET: the rest of the record is never transferred."""
+        if max_bytes <= 0:
+            return b"" if self.get_result(batch_id, line_no) is not None else None
+        return self._get(self._result_key(batch_id, line_no), f"bytes=0-{max_bytes - 1}")
 
     def _partial_key(self, batch_id: str, line_no: int) -> str:
         return self._batch_key(batch_id, f"partials/{line_no // 1000:05d}/{line_no}.json")

@@ -115,3 +115,36 @@ def test_a_batch_line_with_background_fails_validation_unless_its_route_allows_i
     settings = Settings(models=[ModelConfig(id="demo", routes=[OWN])])
     out = validate_input(io.BytesIO(data), batch_id="b", endpoint=RESPONSES, settings=settings)
     assert out.errors == [] and len(out.offsets) == 3
+
+
+DUPLICATED = b'{"model":"demo","input":"hi","background":true,"background":false}'
+"""`background` twice: the gateway's checks read the last value, a server may act on the first."""
+
+
+def test_a_live_body_with_a_key_twice_is_refused(tmp_path: Any) -> None:
+    """400 before anything is sent (the route's address answers nothing)."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from backfill.config import ApiKeyConfig, hash_key
+
+    settings = Settings(
+        data_dir=tmp_path,
+        models=[ModelConfig(id="demo", routes=[VLLM])],
+        api_keys=[ApiKeyConfig(sha256=hash_key("sk-d"), workspace="w", name="w")],
+    )
+    app = create_app(settings, client=object())  # type: ignore[arg-type]
+    headers = {"Authorization": "Bearer sk-d", "Content-Type": "application/json"}
+    with TestClient(app, headers=headers) as http:
+        r = http.post(RESPONSES, content=DUPLICATED)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and "'background'" in err["message"]
+
+
+def test_a_batch_line_with_a_key_twice_fails_validation() -> None:
+    line = b'{"custom_id":"a","method":"POST","url":"/v1/responses","body":' + DUPLICATED + b"}\n"
+    settings = Settings(models=[ModelConfig(id="demo", routes=[VLLM])])
+    out = validate_input(io.BytesIO(line), batch_id="b", endpoint=RESPONSES, settings=settings)
+    assert [(e.line, e.code) for e in out.errors] == [(1, "invalid_json_line")]
+    assert "'background' appears more than once" in out.errors[0].message

@@ -107,3 +107,16 @@ def test_everything_refused_is_a_value_error_with_a_reason(data: bytes) -> None:
     with pytest.raises(ValueError) as err:
         strict_json.loads(data)
     assert strict_json.describe(err.value)
+
+
+def test_unique_keys_refuses_a_key_twice_at_any_depth() -> None:
+    from backfill.strict_json import DuplicateKey
+
+    assert strict_json.loads(b'{"a":1,"a":2}') == {"a": 2}  # upstream answers: only looked at
+    for text in (b'{"a":1,"a":2}', b'{"x":[{"b":1,"c":2,"b":3}]}', b'{"a":1e999,"a":1}'):
+        with pytest.raises(DuplicateKey):
+            strict_json.loads(text, unique_keys=True, finite=False)
+    assert strict_json.loads(b'{"a":{"a":1},"b":[{"a":2}]}', unique_keys=True) == {
+        "a": {"a": 1},
+        "b": [{"a": 2}],
+    }
