@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from httpcore._async.http11 import AsyncHTTP11Connection
+
 from prometheus_client import Counter
 
 CLIENTS_CUT = Counter(
@@ -23,6 +25,12 @@ CLIENTS_CUT = Counter(
     "Live clients cut for taking nothing of their answer for limits.live_stall_seconds.",
     ["route"],
 )
+
+
+UNCHARGED_CHUNK_BYTES = AsyncHTTP11Connection.READ_NUM_BYTES
+"""The most an empty buffer takes past the budget: one chunk as the upstream connection reads it
+(httpcore reads at most 64 KiB at a time), so a process holds at most its budget plus this much
+per live request."""
 
 
 class RelayBudget:

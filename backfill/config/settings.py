@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     on another host, name it here: the console's cookies get `Secure` and answers get HSTS
     only when the request is known to have come over https."""
     api_max_concurrency: int = Field(
-        default=2048, ge=1, validation_alias="BACKFILL_API_MAX_CONCURRENCY"
+        default=1024, ge=1, validation_alias="BACKFILL_API_MAX_CONCURRENCY"
     )
     """Connections (or requests) the api serves at once; past it uvicorn answers 503 at once, so
     slow or idle clients cannot hold every socket and file descriptor (uvicorn's

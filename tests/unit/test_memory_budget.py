@@ -19,6 +19,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
 from activities.lines import ANSWER_COPIES, BUFFER_WAIT_SECONDS, REQUEST_COPIES
 from api.app import UPSTREAM_LIMITS
+from api.live_relay import UNCHARGED_CHUNK_BYTES
 from api.live_usage import DECODED_COPIES, MAX_JSON_BYTES
 from api.middleware import BODY_COPIES
 from api.proxy import ERROR_BODY_LIMIT
@@ -43,6 +44,8 @@ def api_parts(s: Settings) -> dict[str, int]:
         "baseline": API_BASELINE_BYTES,
         "request bodies and answers": s.api_buffer_bytes,
         "live answers kept for usage": s.api_usage_buffer_bytes,
+        "live answers held for slow clients": s.limits.live_buffer_total_bytes
+        + s.api_max_concurrency * UNCHARGED_CHUNK_BYTES,
         "decoding one kept answer": MAX_JSON_BYTES * DECODED_COPIES,
         "upstream error bodies": (UPSTREAM_LIMITS.max_connections or 0) * ERROR_BODY_LIMIT,
         "results pages being built": PAGE_READERS * 2 * (PAGE_BYTES + largest_record),
