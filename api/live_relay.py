@@ -17,7 +17,6 @@ import asyncio
 from collections import deque
 
 from httpcore._async.http11 import AsyncHTTP11Connection
-
 from prometheus_client import Counter
 
 CLIENTS_CUT = Counter(
