@@ -14,6 +14,7 @@ from api import admission, audit
 from api.admission import Pinned
 from api.deps import ClientDep, IdentityDep, SettingsDep, StoreDep
 from api.errors import APIError, InvalidRequest, NotFound, TooManyRequests
+from api.listing_params import check_after
 from api.schemas import (
     COMMON_ERRORS,
     UPLOAD_BODY,
@@ -168,6 +169,7 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
     purpose: str | None = None,
 ) -> FileList:
+    check_after(after, "file")
     workspace = None if identity.can_see(None) else identity.workspace
     stored = await asyncio.to_thread(store.list_files, workspace)
     files = [f for f in stored if purpose is None or f.purpose == purpose]
