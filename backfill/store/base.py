@@ -4,7 +4,8 @@ line index's layout, the streaming helpers.
 A backend implements every abstract method below; each one's docstring is its contract. The
 logic that does not depend on where bytes live (the upload's size cap, a file's metadata at
 `finish`, the index's layout and its "`index.json` last" rule, finalizing's `settle_results`,
-`expired_files`) is here, once.
+`expired_files`, listing a workspace's files through its index and indexing a store from
+before it) is here, once.
 """
 
 from __future__ import annotations
@@ -286,15 +287,16 @@ class Store(ABC):
     @abstractmethod
     def delete_file(self, file_id: str) -> bool:
         """Delete the file, its metadata first (so it is gone for every reader at once), then
-        its content. False if there was no such file (or the id is malformed). A batch's
-        pinned copy of it stays (`snapshot_input`)."""
+        its content, then its entry in its workspace's index. False if there was no such file
+        (or the id is malformed). A batch's pinned copy of it stays (`snapshot_input`)."""
 
     @abstractmethod
     def keys(self, prefix: str) -> list[str]:
         """Names of everything stored under `prefix` (`files/`, `batches/<id>/`), relative to
         the store's root, sorted, unfinished uploads included (named as the store likes): for
         operators and tests. The layout is the same on every store: `files/<id>.data` and
-        `.json`, `batches/<id>/` with `input.jsonl`, the index files (`write_index`),
+        `.json`, `workspaces/<workspace key>/files/<id>` (`list_files`), `batches/<id>/`
+        with `input.jsonl`, the index files (`write_index`),
         `results/<line // 1000>/<line>.json` and `finalized.json`."""
 
     @abstractmethod
