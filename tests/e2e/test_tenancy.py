@@ -244,6 +244,7 @@ async def test_pinned_input_counts_towards_stored_bytes(lease_stack: MakeStack) 
         assert (await _upload(http, stack.key(BETA), small)).status_code == 200
 
 
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
 async def test_max_files_refuses_an_upload_and_a_job_past_it_in_that_workspace_only(
     lease_stack: MakeStack,
 ) -> None:
