@@ -198,17 +198,14 @@ class Store(ABC):
         earlier version's process wrote during a rolling upgrade)."""
         entries = self._index_entries()
         live = {(workspace_key(f.workspace), f.id) for f in files}
-        added = 0
-        for f in files:
-            if (workspace_key(f.workspace), f.id) not in entries:
-                self._index_put(f.workspace, f.id)
-                added += 1
+        missing = [f for f in files if (workspace_key(f.workspace), f.id) not in entries]
+        self._index_put_all(missing)
         for (wkey, file_id), written in entries.items():
             if (wkey, file_id) not in live and written < now - ABANDONED_UPLOAD_SECONDS:
                 self._index_drop(wkey, file_id)
         self._index_mark()
         self._index_seen = True
-        return added
+        return len(missing)
 
     _index_seen: bool = False
     """This store has seen its index mark (it is never taken away)."""
@@ -217,6 +214,11 @@ class Store(ABC):
         if not self._index_seen:
             self._index_seen = self._index_marked()
         return self._index_seen
+
+    def _index_put_all(self, files: list[FileObject]) -> None:
+        """`_index_put` of each file (a backend may write them in parallel)."""
+        for f in files:
+            self._index_put(f.workspace, f.id)
 
     def _read_files(self, file_ids: list[str]) -> list[FileObject | None]:
         """`get_file` of each id, in order (a backend may read them in parallel)."""

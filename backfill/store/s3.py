@@ -67,7 +67,8 @@ INDEX_BLOCK_ENTRIES = 8192
 INDEX_CACHE_BLOCKS = 256
 """Most index blocks kept (at most 16 MiB; 3 blocks cover 8,192 lines of a route)."""
 LIST_THREADS = 8
-"""Parallel metadata reads when listing files (a workspace's, or all)."""
+"""Parallel metadata reads when listing files (a workspace's, or all), and index writes when
+indexing a store from before the index."""
 SETTLE_THREADS = 16
 """Parallel result reads (and fills) when finalizing (`settle_results`)."""
 SETTLE_AHEAD = 128
@@ -140,6 +141,10 @@ class S3Store(S3Objects, Store):
     def _read_files(self, file_ids: list[str]) -> list[FileObject | None]:
         with ThreadPoolExecutor(LIST_THREADS) as pool:
             return list(pool.map(self.get_file, file_ids))
+
+    def _index_put_all(self, files: list[FileObject]) -> None:
+        with ThreadPoolExecutor(LIST_THREADS) as pool:
+            list(pool.map(lambda f: self._index_put(f.workspace, f.id), files))
 
     # ---- files: the workspace index (`workspaces/<key>/files/<id>`, empty objects) ------------
     def _index_key(self, workspace_key: str, file_id: str) -> str:
