@@ -2,7 +2,8 @@
 its batches, each page examines at most `SCAN_ROWS` batches (plus the window it was reading),
 ends early with `has_more` and a `last_id` to go on from, and following `last_id` finds every
 job once, in order. Against a visibility fake that answers the listing's own queries (windows
-of `BackfillCreatedAt`, the cursor's `WorkflowId`) from a list of batches."""
+of `BackfillCreatedAt`, the cursor's `WorkflowId`) from a list of batches. And a query Temporal
+refuses is the caller's 400, never read as an outage."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from api import batch_reads
 from api.batch_reads import SCAN_ROWS, list_page, list_window_rows
+from api.errors import TEMPORAL_TRANSIENT, InvalidRequest
 from backfill import search_attributes as sa
 from backfill.batches import Batch
 from backfill.ids import new_batch_id
@@ -121,3 +124,25 @@ async def test_a_full_page_of_jobs_ends_at_its_last_job_as_before() -> None:
     assert page.has_more and page.last_id == batches[LIMIT - 1].id
     nxt = await list_page(temporal, "", after=page.last_id, limit=LIMIT, keep=is_job)  # type: ignore[arg-type]
     assert [b.id for b in nxt.data] == [b.id for b in batches[LIMIT : 2 * LIMIT]]
+
+
+class Refusing(Visibility):
+    """Visibility that answers every count with `status`."""
+
+    def __init__(self, status: RPCStatusCode) -> None:
+        super().__init__([])
+        self.status = status
+
+    async def count_workflows(self, query: str) -> Counted:
+        raise RPCError("refused", self.status, b"")
+
+
+async def test_a_query_temporal_refuses_is_a_400_and_only_unavailability_is_raised_as_such() -> (
+    None
+):
+    with pytest.raises(InvalidRequest) as refused:
+        await list_page(Refusing(RPCStatusCode.INVALID_ARGUMENT), "", after=None, limit=LIMIT)  # type: ignore[arg-type]
+    assert refused.value.status == 400
+    with pytest.raises(RPCError) as down:  # the error handler's 503 temporal_unavailable
+        await list_page(Refusing(RPCStatusCode.UNAVAILABLE), "", after=None, limit=LIMIT)  # type: ignore[arg-type]
+    assert down.value.status in TEMPORAL_TRANSIENT
