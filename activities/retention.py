@@ -1,6 +1,7 @@
-"""The retention activity: delete files whose `expires_at` has passed, drop uploads that
-processes died in the middle of (unfinished for `ABANDONED_UPLOAD_SECONDS`), and drop work left
-under finalized batches (`Store.drop_finalized_leftovers`).
+"""The retention activity: index files an earlier version wrote without an entry in their
+workspace's index (`Store.index_files`), delete files whose `expires_at` has passed, drop
+uploads that processes died in the middle of (unfinished for `ABANDONED_UPLOAD_SECONDS`), and
+drop work left under finalized batches (`Store.drop_finalized_leftovers`).
 
 A batch's own working data (pinned input, line index, per-line results) is dropped by
 finalizing; an input file expiring under a running batch takes nothing from it, because the
@@ -15,7 +16,7 @@ import time
 from temporalio import activity
 
 from backfill.messages import CleanupInput, CleanupOutput
-from backfill.store import ABANDONED_UPLOAD_SECONDS, Store
+from backfill.store import ABANDONED_UPLOAD_SECONDS, Store, has_expired
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,11 @@ class RetentionActivities:
 
     def _delete_expired(self, now: int) -> CleanupOutput:
         out = CleanupOutput()
-        for f in self.store.expired_files(now):
+        files = self.store.list_files(None)
+        out.indexed_files = self.store.index_files(files, now)
+        if out.indexed_files:
+            log.info("added %d files to their workspaces' indexes", out.indexed_files)
+        for f in [f for f in files if has_expired(f, now)]:
             if self.store.delete_file(f.id):
                 out.deleted_files += 1
                 log.info("deleted expired file %s (workspace %s)", f.id, f.workspace)

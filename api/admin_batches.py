@@ -17,6 +17,7 @@ from api import batch_reads, batches
 from api import files as files_api
 from api.deps import ClientDep, Identity, IdentityDep, StoreDep
 from api.errors import Forbidden, InvalidRequest
+from api.listing_params import check_after, check_filter
 from api.schemas import COMMON_ERRORS, BatchList, FileList, error_responses
 from backfill import search_attributes as sa
 from backfill.batches import Batch, BatchStatus
@@ -64,16 +65,18 @@ def batch_filters(
     created_before: int | None = None,
 ) -> str:
     """The visibility query for these filters ("" for none); 400 `param: status` for an unknown
-    status. Shared by this listing and the console's (which pins a member to its workspace)."""
+    status, naming `workspace` or `model` for a value no query may hold (`check_filter`).
+    Shared by this listing and the console's (which pins a member to its workspace)."""
     filters = []
     if workspace is not None:
-        filters.append(f"{sa.WORKSPACE.name} = '{sa.quote(workspace)}'")
+        value = sa.quote(check_filter(workspace, "workspace"))
+        filters.append(f"{sa.WORKSPACE.name} = '{value}'")
     if status is not None:
         if status not in get_args(BatchStatus):
             raise InvalidRequest(f"Unknown batch status {status!r}.", param="status")
         filters.append(f"{sa.STATUS.name} = '{status}'")
     if model is not None:
-        filters.append(f"{sa.MODELS.name} = '{sa.quote(model)}'")
+        filters.append(f"{sa.MODELS.name} = '{sa.quote(check_filter(model, 'model'))}'")
     if created_after is not None:
         filters.append(f"{sa.CREATED_AT.name} >= {created_after}")
     if created_before is not None:
@@ -114,5 +117,6 @@ async def list_workspace_files(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
 ) -> FileList:
     """File metadata (never content) of one workspace, or of every workspace; newest first."""
+    check_after(after, "file")
     files = await asyncio.to_thread(store.list_files, workspace)
     return files_api.file_page(files, after=after, limit=limit)

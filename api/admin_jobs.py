@@ -132,7 +132,7 @@ async def job_page(
     keep = keep_jobs(client, identity, state)
     page = await batch_reads.list_page(client, filters, after=after, limit=limit, keep=keep)
     data = await asyncio.gather(*(admin_view(client, store, b) for b in page.data))
-    return AdminJobList.of(list(data), has_more=page.has_more)
+    return AdminJobList.of(list(data), has_more=page.has_more, last_id=page.last_id)
 
 
 @router.get("/{job_id}", response_model=AdminJob, responses=error_responses(404))

@@ -23,8 +23,9 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import Identity
-from api.errors import InvalidRequest, NotFound
+from api.errors import InvalidRequest, NotFound, unregistered_search_attribute
 from api.history_view import QUICK_QUERY, quick_query, started_input
+from api.listing_params import check_after
 from api.schemas import BatchList
 from backfill import search_attributes as sa
 from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
@@ -46,6 +47,13 @@ def list_window_rows(limit: int) -> int:
     return 4 * (limit + 1)
 
 
+SCAN_ROWS = 1000
+"""Most batches one page of a listing with `keep` (the job listings: the query cannot tell a
+job from a batch) examines once it has read a window: past it the page ends early, with
+`has_more` and the last batch examined as its `last_id`, so a workspace with a long history
+and few jobs costs each request about this many rows, never its whole history."""
+
+
 async def list_page(
     client: Client,
     filters: str,
@@ -55,39 +63,51 @@ async def list_page(
     keep: Callable[[WorkflowExecution], Awaitable[bool]] | None = None,
 ) -> BatchList:
     """One page of the batches matching `filters` (a visibility query, or ""), and `keep` if
-    given, newest first with a stable `after` cursor. Shared by `/v1/batches`, the admin
-    listing and `/gateway/v1/batches`.
+    given, newest first with a stable `after` cursor (a batch id: `api.cursors`; with `keep`,
+    any batch the filters match, so a page that `SCAN_ROWS` ended early continues). Shared by
+    `/v1/batches`, the admin listing, the job listings and the console.
 
     SQL visibility ignores ORDER BY, so the order is made here, by (created_at, id), from
     windows of `BackfillCreatedAt` read newest first: each window is counted before it is
     read and halved while it holds more than `list_window_rows`, and the next, older window
     is read only while the page is not full. A request reads about the page, not every batch
-    the workspace keeps."""
+    the workspace keeps. A Temporal refusal of the query (the filters come from the request)
+    is a 400, never the 503 of an outage."""
+    check_after(after, "batch")
     base = "WorkflowType = 'BatchWorkflow'" + (f" AND {filters}" if filters else "")
     below: tuple[int, str] | None = None
     if after is not None:
-        found = await _rows(client, f"{base} AND WorkflowId = '{sa.quote(after)}'", keep)
+        found = await _rows(client, f"{base} AND WorkflowId = '{sa.quote(after)}'", None)
         if not found:
             raise InvalidRequest(f"No such batch for 'after': {after}", param="after")
-        below = found[0]
+        below = found[0][:2]
     rows: list[tuple[int, str]] = []
+    scanned: list[tuple[int, str]] = []
     width = LIST_FIRST_WINDOW_SECONDS
     hi = below[0] if below is not None else None
+    ended_early = False
     while True:
         lo = (hi if hi is not None else int(time.time())) - width + 1
         window = f"{base} AND {sa.CREATED_AT.name} >= {lo}"
         if hi is not None:
             window += f" AND {sa.CREATED_AT.name} <= {hi}"
-        counted = (await client.count_workflows(window)).count
+        counted = await _count(client, window)
         if counted > list_window_rows(limit) and width > 1:
             width //= 2
             continue
-        got = await _rows(client, window, keep)
-        rows += sorted((r for r in got if below is None or r < below), reverse=True)
+        got = sorted(
+            (r for r in await _rows(client, window, keep) if below is None or r[:2] < below),
+            reverse=True,
+        )
+        rows += [r[:2] for r in got if r[2]]
+        scanned += [r[:2] for r in got]
         if len(rows) > limit:
             break
         older = f"{base} AND {sa.CREATED_AT.name} < {lo}"
-        if (await client.count_workflows(older)).count == 0:
+        if await _count(client, older) == 0:
+            break
+        if keep is not None and len(scanned) >= SCAN_ROWS:
+            ended_early = True
             break
         hi = lo - 1
         if counted < limit:
@@ -97,21 +117,43 @@ async def list_page(
     batches = await asyncio.gather(
         *(load_or_stub(client, batch_id, statuses) for _, batch_id in page)
     )
+    if ended_early:
+        return BatchList.of(batches, has_more=True, last_id=min(scanned)[1])
     return BatchList.of(batches, has_more=len(rows) > limit)
+
+
+async def _count(client: Client, query: str) -> int:
+    """How many workflows the query finds (`_refused` as a 400)."""
+    try:
+        return (await client.count_workflows(query)).count
+    except RPCError as err:
+        raise _refused(err) from None
+
+
+def _refused(err: RPCError) -> Exception:
+    """A visibility query's error: Temporal's refusal of the query (INVALID_ARGUMENT, not an
+    unregistered search attribute) is a 400; anything else is raised as it is (an outage
+    answers 503 `temporal_unavailable`, `api.errors`)."""
+    if err.status == RPCStatusCode.INVALID_ARGUMENT and unregistered_search_attribute(err) is None:
+        log.info("visibility query refused: %s", err)
+        return InvalidRequest("The listing's filters cannot be queried; check their values.")
+    return err
 
 
 async def _rows(
     client: Client, query: str, keep: Callable[[WorkflowExecution], Awaitable[bool]] | None
-) -> list[tuple[int, str]]:
-    """(created_at, id) of each batch the query finds (its current run only), kept by `keep`."""
-    rows: dict[str, tuple[int, str]] = {}
-    async for ex in client.list_workflows(query, page_size=1000):
-        if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
-            continue
-        if keep is not None and not await keep(ex):
-            continue
-        created = ex.typed_search_attributes.get(sa.CREATED_AT) or 0
-        rows[ex.id] = (int(created), ex.id)
+) -> list[tuple[int, str, bool]]:
+    """(created_at, id, kept by `keep`) of each batch the query finds (its current run only)."""
+    rows: dict[str, tuple[int, str, bool]] = {}
+    try:
+        async for ex in client.list_workflows(query, page_size=1000):
+            if ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                continue
+            kept = keep is None or await keep(ex)
+            created = ex.typed_search_attributes.get(sa.CREATED_AT) or 0
+            rows[ex.id] = (int(created), ex.id, kept)
+    except RPCError as err:
+        raise _refused(err) from None
     return list(rows.values())
 
 

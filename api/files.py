@@ -15,6 +15,7 @@ from api.admission import Pinned
 from api.buffers import HeldStreamingResponse, take
 from api.deps import BuffersDep, ClientDep, IdentityDep, SettingsDep, StoreDep
 from api.errors import APIError, InvalidRequest, NotFound, TooManyRequests
+from api.listing_params import check_after
 from api.schemas import (
     COMMON_ERRORS,
     UPLOAD_BODY,
@@ -88,36 +89,68 @@ async def upload_file(
     finally:
         if upload is not None:
             await asyncio.to_thread(upload.abort)
-    stored = await asyncio.to_thread(stored_bytes, store, workspace, pins) if pins else 0
-    if limit is not None and stored > limit:
-        # Uploads in parallel each saw room for themselves: the one that finds the total over
-        # the limit once it is stored takes itself back (docs/configuration.md, the bound).
-        await asyncio.to_thread(store.delete_file, obj.id)
-        raise _storage_limit(limit, workspace, pins)
+    await asyncio.to_thread(_take_back_over_limits, settings, store, obj, pins)
     return FileObject.of(obj)
 
 
-def stored_bytes(store: Store, workspace: str, pins: Pinned) -> int:
+def _take_back_over_limits(
+    settings: Settings, store: Store, obj: StoredFile, pins: Pinned | None
+) -> None:
+    """Uploads in parallel each saw room for themselves: the one that finds the workspace over
+    a limit once it is stored takes itself back (docs/configuration.md, the bound)."""
+    limits = settings.workspace_limits(obj.workspace)
+    if limits.max_files is None and limits.max_stored_bytes is None:
+        return
+    files = store.list_files(obj.workspace)
+    error: APIError | None = None
+    if limits.max_files is not None and len(files) > limits.max_files:
+        error = _file_limit(limits.max_files, obj.workspace)
+    elif (
+        limits.max_stored_bytes is not None
+        and pins is not None
+        and stored_bytes(files, pins) > limits.max_stored_bytes
+    ):
+        error = _storage_limit(limits.max_stored_bytes, obj.workspace, pins)
+    if error is not None:
+        store.delete_file(obj.id)
+        raise error
+
+
+def stored_bytes(files: list[StoredFile], pins: Pinned) -> int:
     """Bytes the workspace keeps stored: its files, plus the pinned inputs of its batches
     still held by admission whose uploaded file is gone (`backfill.admission.pinned_bytes`),
     or their bound while admission does not answer (`api.admission.pinned`)."""
-    files = store.list_files(workspace)
     return sum(f.bytes for f in files) + pinned_bytes(pins.held, {f.id for f in files}) + pins.bound
 
 
 def storage_room(
     settings: Settings, store: Store, workspace: str, pins: Pinned | None
 ) -> int | None:
-    """Bytes the workspace may still store (None: no limit); 429 when there is no room at all
-    (503 when there might be, but admission did not answer). `pins`: the pinned inputs
-    (`api.admission.pinned`), which count."""
-    limit = settings.workspace_limits(workspace).max_stored_bytes
+    """Bytes the workspace may still store (None: no limit); 429 when it keeps `max_files`
+    files already, or has no room at all (503 when there might be, but admission did not
+    answer). `pins`: the pinned inputs (`api.admission.pinned`), which count. Reads the
+    workspace's own files only (through its index in the store), and only under a limit."""
+    limits = settings.workspace_limits(workspace)
+    if limits.max_files is None and limits.max_stored_bytes is None:
+        return None
+    files = store.list_files(workspace)
+    if limits.max_files is not None and len(files) >= limits.max_files:
+        raise _file_limit(limits.max_files, workspace)
+    limit = limits.max_stored_bytes
     if limit is None:
         return None
-    room = limit - stored_bytes(store, workspace, pins or Pinned(held=[]))
+    room = limit - stored_bytes(files, pins or Pinned(held=[]))
     if room <= 0:
         raise _storage_limit(limit, workspace, pins)
     return room
+
+
+def _file_limit(limit: int, workspace: str) -> APIError:
+    return TooManyRequests(
+        f"Workspace {workspace!r} may keep at most {limit} files; delete files (or let them "
+        "expire) before uploading more.",
+        code="file_limit_exceeded",
+    )
 
 
 def _storage_limit(limit: int | None, workspace: str, pins: Pinned | None) -> APIError:
@@ -172,6 +205,7 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
     purpose: str | None = None,
 ) -> FileList:
+    check_after(after, "file")
     workspace = None if identity.can_see(None) else identity.workspace
     stored = await asyncio.to_thread(store.list_files, workspace)
     files = [f for f in stored if purpose is None or f.purpose == purpose]

@@ -190,7 +190,7 @@ async def list_jobs(
         client, query, after=after, limit=limit, keep=is_job_execution
     )
     jobs = await asyncio.gather(*(view(store, b) for b in page.data))
-    return JobList.of(list(jobs), has_more=page.has_more)
+    return JobList.of(list(jobs), has_more=page.has_more, last_id=page.last_id)
 
 
 @router.get("/{job_id}", response_model=Job, responses=error_responses(404))

@@ -122,12 +122,13 @@ class ListPage(BaseModel, Generic[Item]):
     has_more: bool
 
     @classmethod
-    def of(cls, data: list[Item], *, has_more: bool) -> Self:
-        """The page of these objects (each has an `id`)."""
+    def of(cls, data: list[Item], *, has_more: bool, last_id: str | None = None) -> Self:
+        """The page of these objects (each has an `id`). `last_id`: the next page's `after`
+        when it is not the last object's id (a job listing's page that ended early)."""
         return cls(
             data=data,
             first_id=_id(data[0]) if data else None,
-            last_id=_id(data[-1]) if data else None,
+            last_id=last_id or (_id(data[-1]) if data else None),
             has_more=has_more,
         )
 

@@ -7,9 +7,11 @@
   server comes back.
 - Every RPC is bounded: `BoundedRPCs` gives each call a deadline (`RPC_TIMEOUT`) unless the
   caller set one, and bounds a whole call (including an update's polling for its outcome) by
-  `CALL_TIMEOUT`. A stopped server fails fast (connection refused, retried for at most
-  `RETRY.max_elapsed_time_millis`); a frozen one fails at the deadline. Either way the error
-  handler in `api.errors` answers 503 `temporal_unavailable` instead of hanging.
+  `CALL_TIMEOUT`: starts, describes, queries, signals, updates, cancels, terminates, counts,
+  and each page of a listing or a history. A stopped server fails fast (connection refused,
+  retried for at most `RETRY.max_elapsed_time_millis`); a frozen one fails at the deadline.
+  Either way the error handler in `api.errors` answers 503 `temporal_unavailable` instead of
+  hanging.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import Any, TypeVar
 
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import (
+    CancelWorkflowInput,
     Client,
+    CountWorkflowsInput,
     DescribeWorkflowInput,
     Interceptor,
     OutboundInterceptor,
@@ -32,6 +36,9 @@ from temporalio.client import (
     SignalWorkflowInput,
     StartWorkflowInput,
     StartWorkflowUpdateInput,
+    StartWorkflowUpdateWithStartInput,
+    TerminateWorkflowInput,
+    WorkflowExecutionCount,
     WorkflowExecutionDescription,
     WorkflowHandle,
     WorkflowUpdateHandle,
@@ -88,12 +95,28 @@ class _BoundedOutbound(OutboundInterceptor):
     async def signal_workflow(self, input: SignalWorkflowInput) -> None:
         await _bounded(super().signal_workflow(_with_deadline(input)))
 
+    async def count_workflows(self, input: CountWorkflowsInput) -> WorkflowExecutionCount:
+        return await _bounded(super().count_workflows(_with_deadline(input)))
+
+    async def cancel_workflow(self, input: CancelWorkflowInput) -> None:
+        await _bounded(super().cancel_workflow(_with_deadline(input)))
+
+    async def terminate_workflow(self, input: TerminateWorkflowInput) -> None:
+        await _bounded(super().terminate_workflow(_with_deadline(input)))
+
+    async def start_update_with_start_workflow(
+        self, input: StartWorkflowUpdateWithStartInput
+    ) -> WorkflowUpdateHandle[Any]:
+        return await _bounded(super().start_update_with_start_workflow(_with_deadline(input)))
+
     async def start_workflow_update(
         self, input: StartWorkflowUpdateInput
     ) -> WorkflowUpdateHandle[Any]:
         return await _bounded(super().start_workflow_update(_with_deadline(input)))
 
     def list_workflows(self, input: Any) -> Any:
+        """Each page under the deadline (a page is at most `page_size` rows; the listings
+        bound how many pages they read)."""
         return super().list_workflows(_with_deadline(input))
 
     def fetch_workflow_history_events(self, input: Any) -> Any:

@@ -20,8 +20,17 @@ def scheduler_workflow_id(route_id: str) -> str:
 
 
 def is_file_id(value: str) -> bool:
-    return value.startswith("file-") and 5 < len(value) <= 64 and value[5:].isalnum()
+    """`file-` and 1 to 59 ASCII letters and digits (`new_file_id` makes 24 hex digits)."""
+    return _is_id(value, "file-")
 
 
 def is_batch_id(value: str) -> bool:
-    return value.startswith("batch_") and 6 < len(value) <= 64 and value[6:].isalnum()
+    """`batch_` and 1 to 58 ASCII letters and digits (`new_batch_id` makes 28 hex digits)."""
+    return _is_id(value, "batch_")
+
+
+def _is_id(value: str, prefix: str) -> bool:
+    rest = value[len(prefix) :]
+    return (
+        value.startswith(prefix) and 0 < len(rest) <= 64 - len(prefix) and rest.isascii()
+    ) and rest.isalnum()

@@ -332,8 +332,10 @@ class CleanupInput(BaseModel):
 
 
 class CleanupOutput(BaseModel):
-    """What one retention pass removed."""
+    """What one retention pass removed (and indexed)."""
 
+    indexed_files: int = 0
+    """Files given an entry in their workspace's index (written by an earlier version)."""
     deleted_files: int = 0
     """Files past their `expires_at`."""
     abandoned_uploads: int = 0

@@ -8,7 +8,7 @@ import secrets
 from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from backfill.store import RouteLines, Store
 
@@ -77,3 +77,52 @@ def recorded(s3: S3Store, operation: str) -> Iterator[list[dict[str, Any]]]:
         yield calls
     finally:
         s3.client.meta.events.unregister(event, record)
+
+
+@contextmanager
+def metadata_reads(store: Store) -> Iterator[list[str]]:
+    """The ids of the files whose metadata (`files/<id>.json`) the store reads in the block,
+    from the storage itself: the S3 store's GetObject requests, the local store's reads of
+    its directory."""
+    from pathlib import Path
+
+    from backfill.store import FileStore
+
+    if isinstance(store, FileStore):
+        read: list[str] = []
+        original = Path.read_bytes
+
+        def read_bytes(path: Path) -> bytes:
+            if path.parent == store.root / "files" and path.suffix == ".json":
+                read.append(path.stem)
+            return original(path)
+
+        Path.read_bytes = read_bytes  # type: ignore[method-assign, assignment]
+        try:
+            yield read
+        finally:
+            Path.read_bytes = original  # type: ignore[method-assign]
+        return
+    with recorded(store, "GetObject") as calls:  # type: ignore[arg-type]
+        ids: list[str] = []
+        yield ids
+    ids += [
+        c["Key"].rsplit("/", 1)[1].removesuffix(".json")
+        for c in calls
+        if c["Key"].endswith(".json") and "/files/file-" in "/" + c["Key"]
+    ]
+
+
+def unindex(store: Store) -> None:
+    """Make the store look as an earlier version left it: files, and no workspace index."""
+    import shutil
+
+    from backfill.store import FileStore
+
+    if isinstance(store, FileStore):
+        shutil.rmtree(store.root / "workspaces")
+        store._index_seen = False
+        return
+    s3 = cast("S3Store", store)
+    s3._delete_keys(list(s3._list(f"{s3.prefix}workspaces/")))
+    s3._index_seen = False

@@ -150,6 +150,10 @@ class WorkspaceLimits(_Strict):
     """Bytes of files the workspace may keep stored: uploads, batch outputs, and the pinned
     inputs of its running batches whose upload was deleted (None: no limit). Only uploads are
     refused; a batch's output is always written."""
+    max_files: int | None = Field(default=10_000, ge=1)
+    """Files the workspace may keep stored at once: uploads (a job's request is one) and
+    batch outputs (None: no limit). Only uploads are refused; a batch's output is always
+    written. It bounds what listing the workspace's files reads."""
     max_live_in_flight: int | None = Field(default=256, ge=1)
     """Live requests (the proxy's chat, completions, embeddings...) in flight at once, per api
     process; one more answers 429 at once (None: no limit)."""

@@ -29,6 +29,7 @@ from backfill.store.base import (
     Store,
     Upload,
     chunks,
+    has_expired,
     index_meta,
 )
 from backfill.store.local import FileStore, FileUpload
@@ -49,6 +50,7 @@ __all__ = [
     "Store",
     "Upload",
     "chunks",
+    "has_expired",
     "index_meta",
     "open_store",
 ]

@@ -4,7 +4,8 @@ line index's layout, the streaming helpers.
 A backend implements every abstract method below; each one's docstring is its contract. The
 logic that does not depend on where bytes live (the upload's size cap, a file's metadata at
 `finish`, the index's layout and its "`index.json` last" rule, finalizing's `settle_results`,
-`expired_files`) is here, once.
+`expired_files`, listing a workspace's files through its index and indexing a store from
+before it) is here, once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -167,15 +169,91 @@ class Store(ABC):
     def get_file(self, file_id: str) -> FileObject | None:
         """The file's metadata; None if there is no such file (or the id is malformed)."""
 
-    @abstractmethod
     def list_files(self, workspace: str | None) -> list[FileObject]:
-        """Every file's metadata (of one workspace, or all with None), in no order."""
+        """The metadata of one workspace's files, read through its index (none of another
+        workspace's files is read), or of every file with None; in no order.
+
+        A store with files from before the index (an earlier version) is indexed here on the
+        first listing (`index_files`): that one listing reads every file, as with None."""
+        if workspace is not None and self._indexed():
+            found = self._read_files(self._index_ids(workspace))
+            return [f for f in found if f is not None and f.workspace == workspace]
+        files = self._scan_files()
+        if not self._indexed():
+            self.index_files(files, int(time.time()))
+        return [f for f in files if workspace in (None, f.workspace)]
 
     def expired_files(self, now: int) -> list[FileObject]:
         """Files whose `expires_at` has passed."""
-        return [
-            f for f in self.list_files(None) if f.expires_at is not None and f.expires_at <= now
-        ]
+        return [f for f in self.list_files(None) if has_expired(f, now)]
+
+    def index_files(self, files: list[FileObject], now: int) -> int:
+        """Give each of `files` (every file: `list_files(None)`) an entry in its workspace's
+        index where it has none (a file written by an earlier version, which kept no index),
+        drop the entries of files gone for more than `ABANDONED_UPLOAD_SECONDS` (a delete cut
+        short; younger ones may be a file being published), then mark the store indexed, so
+        listings of a workspace read through the index from then on. Returns how many entries
+        were added. Safe to repeat and to run in several processes at once: the first listing
+        of a store without the mark runs it, and so does every retention pass (for files an
+        earlier version's process wrote during a rolling upgrade)."""
+        entries = self._index_entries()
+        live = {(workspace_key(f.workspace), f.id) for f in files}
+        missing = [f for f in files if (workspace_key(f.workspace), f.id) not in entries]
+        self._index_put_all(missing)
+        for (wkey, file_id), written in entries.items():
+            if (wkey, file_id) not in live and written < now - ABANDONED_UPLOAD_SECONDS:
+                self._index_drop(wkey, file_id)
+        self._index_mark()
+        self._index_seen = True
+        return len(missing)
+
+    _index_seen: bool = False
+    """This store has seen its index mark (it is never taken away)."""
+
+    def _indexed(self) -> bool:
+        if not self._index_seen:
+            self._index_seen = self._index_marked()
+        return self._index_seen
+
+    def _index_put_all(self, files: list[FileObject]) -> None:
+        """`_index_put` of each file (a backend may write them in parallel)."""
+        for f in files:
+            self._index_put(f.workspace, f.id)
+
+    def _read_files(self, file_ids: list[str]) -> list[FileObject | None]:
+        """`get_file` of each id, in order (a backend may read them in parallel)."""
+        return [self.get_file(file_id) for file_id in file_ids]
+
+    @abstractmethod
+    def _scan_files(self) -> list[FileObject]:
+        """Every file's metadata, read from `files/` (not through the index), in no order."""
+
+    @abstractmethod
+    def _index_ids(self, workspace: str) -> list[str]:
+        """The file ids in the workspace's index (`workspaces/<key>/files/<id>`), in no order;
+        an id may name a file since deleted (`get_file` None)."""
+
+    @abstractmethod
+    def _index_entries(self) -> dict[tuple[str, str], float]:
+        """Every index entry as (workspace key, file id) -> when it was written (Unix s)."""
+
+    @abstractmethod
+    def _index_put(self, workspace: str, file_id: str) -> None:
+        """Write the file's entry in its workspace's index (an empty object; kept if there),
+        durably. `update_file` does, before it writes the metadata: a file whose metadata can
+        be read is in its workspace's index."""
+
+    @abstractmethod
+    def _index_drop(self, workspace_key: str, file_id: str) -> None:
+        """Remove an index entry (none there: nothing to do)."""
+
+    @abstractmethod
+    def _index_marked(self) -> bool:
+        """The store holds the index mark (`workspaces/.indexed`): every file was indexed."""
+
+    @abstractmethod
+    def _index_mark(self) -> None:
+        """Write the index mark, durably."""
 
     @abstractmethod
     def update_file(self, obj: FileObject) -> None:
@@ -217,15 +295,16 @@ class Store(ABC):
     @abstractmethod
     def delete_file(self, file_id: str) -> bool:
         """Delete the file, its metadata first (so it is gone for every reader at once), then
-        its content. False if there was no such file (or the id is malformed). A batch's
-        pinned copy of it stays (`snapshot_input`)."""
+        its content, then its entry in its workspace's index. False if there was no such file
+        (or the id is malformed). A batch's pinned copy of it stays (`snapshot_input`)."""
 
     @abstractmethod
     def keys(self, prefix: str) -> list[str]:
         """Names of everything stored under `prefix` (`files/`, `batches/<id>/`), relative to
         the store's root, sorted, unfinished uploads included (named as the store likes): for
         operators and tests. The layout is the same on every store: `files/<id>.data` and
-        `.json`, `batches/<id>/` with `input.jsonl`, the index files (`write_index`),
+        `.json`, `workspaces/<workspace key>/files/<id>` (`list_files`), `batches/<id>/`
+        with `input.jsonl`, the index files (`write_index`),
         `results/<line // 1000>/<line>.json` and `finalized.json`."""
 
     @abstractmethod
@@ -377,6 +456,22 @@ class Store(ABC):
     @abstractmethod
     def get_partial(self, batch_id: str, line_no: int) -> bytes | None:
         """The line's partial answer as last kept; None if none is."""
+
+
+def has_expired(f: FileObject, now: int) -> bool:
+    return f.expires_at is not None and f.expires_at <= now
+
+
+INDEX_MARK = "workspaces/.indexed"
+"""Where a store records that every file has its entry in its workspace's index."""
+
+
+def workspace_key(workspace: str) -> str:
+    """The workspace's name as one level of a key (`workspaces/<key>/files/`): workspace names
+    are `[A-Za-z0-9][A-Za-z0-9._-]*` (the config checks them), kept as they are; any other
+    character, and a leading dot, is percent-encoded, so no name makes a path of its own."""
+    key = quote(workspace, safe="")
+    return "%2E" + key[1:] if key.startswith(".") else key or "%00"
 
 
 def index_meta(offsets: array, routes: list[RouteLines]) -> bytes:

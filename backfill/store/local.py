@@ -21,22 +21,36 @@ from pathlib import Path
 from typing import BinaryIO
 
 from backfill.ids import is_batch_id, is_file_id
-from backfill.store.base import FINALIZED, BatchFinalized, FileObject, Store, Upload
+from backfill.store.base import (
+    FINALIZED,
+    INDEX_MARK,
+    BatchFinalized,
+    FileObject,
+    Store,
+    Upload,
+    workspace_key,
+)
 
 FILE_MODE = 0o600
 DIR_MODE = 0o750
 
 
 class FileStore(Store):
-    """The store in a local directory (`data_dir`): `files/<id>.data` + `.json`, and
-    `batches/<batch id>/` (decisions 0002 and 0007)."""
+    """The store in a local directory (`data_dir`): `files/<id>.data` + `.json`, each file's
+    entry in its workspace's index `workspaces/<key>/files/<id>`, and `batches/<batch id>/`
+    (decisions 0002, 0007 and 0048)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._files = self.root / "files"
         self._batches = self.root / "batches"
+        self._workspaces = self.root / "workspaces"
+        self._mark = self.root / INDEX_MARK  # a directory: no file to count among the store's
+        fresh = not self._files.exists()
         for d in (self.root, self._files, self._batches):
             _mkdir(d)
+        if fresh:  # nothing from before the index
+            self._index_mark()
         self._readers = _ReadHandles(READ_HANDLES)
 
     # ---- files ------------------------------------------------------------------------------
@@ -62,6 +76,7 @@ class FileStore(Store):
         self.update_file(obj)
 
     def update_file(self, obj: FileObject) -> None:
+        self._index_put(obj.workspace, obj.id)
         _atomic_write(self._meta_path(obj.id), obj.model_dump_json().encode())
 
     def get_file(self, file_id: str) -> FileObject | None:
@@ -70,16 +85,58 @@ class FileStore(Store):
         except (KeyError, FileNotFoundError):
             return None
 
-    def list_files(self, workspace: str | None) -> list[FileObject]:
+    def _scan_files(self) -> list[FileObject]:
         out = []
         for p in self._files.glob("*.json"):
             try:
-                obj = FileObject.model_validate_json(p.read_bytes())
+                out.append(FileObject.model_validate_json(p.read_bytes()))
             except (FileNotFoundError, ValueError):
                 continue
-            if workspace is None or obj.workspace == workspace:
-                out.append(obj)
         return out
+
+    # ---- files: the workspace index (`workspaces/<key>/files/<id>`, empty files) --------------
+    def _index_dir(self, workspace_key: str) -> Path:
+        return self._workspaces / workspace_key / "files"
+
+    def _index_ids(self, workspace: str) -> list[str]:
+        try:
+            names = os.listdir(self._index_dir(workspace_key(workspace)))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if is_file_id(n)]
+
+    def _index_entries(self) -> dict[tuple[str, str], float]:
+        out = {}
+        for p in self._workspaces.glob("*/files/*"):
+            if not is_file_id(p.name):
+                continue
+            try:
+                out[(p.parent.parent.name, p.name)] = p.stat().st_mtime
+            except FileNotFoundError:
+                continue
+        return out
+
+    def _index_put(self, workspace: str, file_id: str) -> None:
+        if not is_file_id(file_id):
+            raise KeyError(file_id)
+        path = self._index_dir(workspace_key(workspace)) / file_id
+        if not path.exists():
+            _mkdir(path.parent)
+            _atomic_write(path, b"")
+
+    def _index_drop(self, workspace_key: str, file_id: str) -> None:
+        d = self._index_dir(workspace_key)
+        try:
+            (d / file_id).unlink()
+        except FileNotFoundError:
+            return
+        _fsync_dir(d)
+
+    def _index_marked(self) -> bool:
+        return self._mark.is_dir()
+
+    def _index_mark(self) -> None:
+        _mkdir(self._mark)
 
     def open_file(self, file_id: str) -> BinaryIO:
         try:
@@ -91,6 +148,7 @@ class FileStore(Store):
     def delete_file(self, file_id: str) -> bool:
         """Each unlink is made durable before the next: a crash never keeps metadata whose
         content is gone, and a deletion the caller was told about stays deleted."""
+        obj = self.get_file(file_id)
         try:
             self._meta_path(file_id).unlink()
         except (KeyError, FileNotFoundError):
@@ -98,6 +156,8 @@ class FileStore(Store):
         _fsync_dir(self._files)
         self._data_path(file_id).unlink(missing_ok=True)
         _fsync_dir(self._files)
+        if obj is not None:
+            self._index_drop(workspace_key(obj.workspace), file_id)
         return True
 
     def keys(self, prefix: str) -> list[str]:

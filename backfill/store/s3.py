@@ -4,6 +4,8 @@ Keys, under `BACKFILL_S3_PREFIX` (docs/storage.md):
 
     files/<file id>.data            the content (multipart upload when bigger than one part)
     files/<file id>.json            its metadata (FileObject), written after the content
+    workspaces/<workspace>/files/<file id>   an empty entry per file: its workspace's index
+    workspaces/.indexed             the mark that every file has its entry
     batches/<batch id>/input.jsonl  the pinned input: a server-side copy of the upload
     batches/<batch id>/offsets.bin, lengths.bin, route-<n>.bin, index.json   the line index
     batches/<batch id>/results/<line // 1000, 5 digits>/<line>.json one committed record per line
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from botocore.exceptions import ClientError
 
 from backfill.ids import is_batch_id, is_file_id
-from backfill.store.base import FINALIZED, FileObject, Store
+from backfill.store.base import FINALIZED, INDEX_MARK, FileObject, Store, workspace_key
 from backfill.store.s3_objects import (
     NOT_FOUND,
     PROBE_KEY,
@@ -65,7 +67,8 @@ INDEX_BLOCK_ENTRIES = 8192
 INDEX_CACHE_BLOCKS = 256
 """Most index blocks kept (at most 16 MiB; 3 blocks cover 8,192 lines of a route)."""
 LIST_THREADS = 8
-"""Parallel metadata reads when listing files."""
+"""Parallel metadata reads when listing files (a workspace's, or all), and index writes when
+indexing a store from before the index."""
 SETTLE_THREADS = 16
 """Parallel result reads (and fills) when finalizing (`settle_results`)."""
 SETTLE_AHEAD = 128
@@ -111,6 +114,7 @@ class S3Store(S3Objects, Store):
         return S3Upload(self, max_bytes, file_id)
 
     def update_file(self, obj: FileObject) -> None:
+        self._index_put(obj.workspace, obj.id)
         self._put(self._file_key(obj.id, "json"), obj.model_dump_json().encode())
 
     def get_file(self, file_id: str) -> FileObject | None:
@@ -120,7 +124,7 @@ class S3Store(S3Objects, Store):
             return None
         return None if data is None else FileObject.model_validate_json(data)
 
-    def list_files(self, workspace: str | None) -> list[FileObject]:
+    def _scan_files(self) -> list[FileObject]:
         keys = [k for k in self._list(f"{self.prefix}files/") if k.endswith(".json")]
 
         def read(key: str) -> FileObject | None:
@@ -132,7 +136,50 @@ class S3Store(S3Objects, Store):
 
         with ThreadPoolExecutor(LIST_THREADS) as pool:
             found = list(pool.map(read, keys))
-        return [f for f in found if f is not None and workspace in (None, f.workspace)]
+        return [f for f in found if f is not None]
+
+    def _read_files(self, file_ids: list[str]) -> list[FileObject | None]:
+        with ThreadPoolExecutor(LIST_THREADS) as pool:
+            return list(pool.map(self.get_file, file_ids))
+
+    def _index_put_all(self, files: list[FileObject]) -> None:
+        with ThreadPoolExecutor(LIST_THREADS) as pool:
+            list(pool.map(lambda f: self._index_put(f.workspace, f.id), files))
+
+    # ---- files: the workspace index (`workspaces/<key>/files/<id>`, empty objects) ------------
+    def _index_key(self, workspace_key: str, file_id: str) -> str:
+        if not is_file_id(file_id):
+            raise KeyError(file_id)
+        return f"{self.prefix}workspaces/{workspace_key}/files/{file_id}"
+
+    def _index_ids(self, workspace: str) -> list[str]:
+        base = f"{self.prefix}workspaces/{workspace_key(workspace)}/files/"
+        return [k[len(base) :] for k in self._list(base) if is_file_id(k[len(base) :])]
+
+    def _index_entries(self) -> dict[tuple[str, str], float]:
+        base = f"{self.prefix}workspaces/"
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=base
+        )
+        out = {}
+        for page in pages:
+            for item in page.get("Contents", []):
+                wkey, _, rest = item["Key"][len(base) :].partition("/files/")
+                if rest and is_file_id(rest):
+                    out[(wkey, rest)] = item["LastModified"].timestamp()
+        return out
+
+    def _index_put(self, workspace: str, file_id: str) -> None:
+        self._put(self._index_key(workspace_key(workspace), file_id), b"")
+
+    def _index_drop(self, workspace_key: str, file_id: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._index_key(workspace_key, file_id))
+
+    def _index_marked(self) -> bool:
+        return self._exists(self.prefix + INDEX_MARK)
+
+    def _index_mark(self) -> None:
+        self._put(self.prefix + INDEX_MARK, b"")
 
     def open_file(self, file_id: str) -> BinaryIO:
         try:
@@ -185,10 +232,12 @@ class S3Store(S3Objects, Store):
             meta = self._file_key(file_id, "json")
         except KeyError:
             return False
-        if not self._exists(meta):
+        obj = self.get_file(file_id)
+        if obj is None:
             return False
         self.client.delete_object(Bucket=self.bucket, Key=meta)
         self.client.delete_object(Bucket=self.bucket, Key=self._file_key(file_id, "data"))
+        self._index_drop(workspace_key(obj.workspace), file_id)
         return True
 
     def keys(self, prefix: str) -> list[str]:

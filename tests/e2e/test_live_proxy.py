@@ -301,11 +301,14 @@ async def live_requests_flow(stack: Stack, n: int = 8, each_within: float = 2.0)
     return latencies
 
 
-async def assert_batches_unavailable(stack: Stack, batch_id: str, within: float) -> float:
-    """GET the batch: a 503 `temporal_unavailable` envelope within `within` s; the time taken."""
+async def assert_batches_unavailable(
+    stack: Stack, batch_id: str, within: float, path: str = "/v1/batches/{batch_id}"
+) -> float:
+    """GET the batch (or `path`: the listing): a 503 `temporal_unavailable` envelope within
+    `within` s; the time taken."""
     async with httpx.AsyncClient(base_url=stack.api_url, headers=auth(), timeout=60) as http:
         t0 = time.monotonic()
-        resp = await http.get(f"/v1/batches/{batch_id}")
+        resp = await http.get(path.format(batch_id=batch_id))
         took = time.monotonic() - t0
     assert_error(resp, 503, code="temporal_unavailable", type_="server_error")
     assert took < within, f"503 after {took:.1f}s"
@@ -345,6 +348,8 @@ async def test_live_traffic_does_not_depend_on_temporal(tmp_path: Path) -> None:
             try:
                 frozen = await live_requests_flow(stack)
                 frozen_503 = await assert_batches_unavailable(stack, before, within=12)
+                # A listing's every call (counts included) has its deadline too.
+                await assert_batches_unavailable(stack, before, within=12, path="/v1/batches")
                 doc = await health(stack)
                 assert doc["status"] == "degraded" and doc["temporal"] == "unavailable", doc
                 assert doc["live_proxy"] == "ok"

@@ -24,12 +24,15 @@ LIMITED, ALPHA, BETA, ADMIN = "sk-test-limited", "sk-test-alpha", "sk-test-beta"
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
 HELD_STACK: dict[str, Any] = {
     "route_settings": {"time_window": closed_window()},
-    "workspace_limits": {"alpha": {"max_active_batches": 1, "max_stored_bytes": 2048}},
+    "workspace_limits": {
+        "alpha": {"max_active_batches": 1, "max_stored_bytes": 2048},
+        "gamma": {"max_files": 2},
+    },
 }
 """The shared stack of the admission and limits tests: its route's settings file keeps it
 closed for the session (a one-minute window six hours after the tests were collected), so
 every batch made there waits, and is cancelled with its lease; alpha may keep one batch active
-and 2 KiB of files (every lease's alpha: its own workspace)."""
+and 2 KiB of files, gamma two files (every lease's alpha and gamma: its own workspaces)."""
 
 
 async def _upload(http: httpx.AsyncClient, key: str, data: bytes) -> httpx.Response:
@@ -239,3 +242,28 @@ async def test_pinned_input_counts_towards_stored_bytes(lease_stack: MakeStack) 
         assert (await http.get("/v1/files", headers=stack.auth(ALPHA))).json()["data"] == []
         # Beta's quota is its own.
         assert (await _upload(http, stack.key(BETA), small)).status_code == 200
+
+
+@pytest.mark.store  # also run on the S3 store by `make test` (tests/e2e/stack.py)
+async def test_max_files_refuses_an_upload_and_a_job_past_it_in_that_workspace_only(
+    lease_stack: MakeStack,
+) -> None:
+    stack = await lease_stack(**HELD_STACK)
+    gamma = stack.key("sk-test-gamma")
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as http:
+        kept = [(await _upload(http, gamma, b"{}\n")).json()["id"] for _ in range(2)]
+        resp = await _upload(http, gamma, b"{}\n")
+        err = assert_error(resp, 429, code="file_limit_exceeded", type_="rate_limit_error")
+        assert "2 files" in err["message"], err
+        job = await http.post(
+            "/gateway/v1/batches",
+            headers=auth(gamma),
+            json={"path": "/v1/chat/completions", "body": CHAT},
+        )
+        assert_error(job, 429, code="file_limit_exceeded", type_="rate_limit_error")
+        listed = (await http.get("/v1/files", headers=auth(gamma))).json()["data"]
+        assert sorted(f["id"] for f in listed) == sorted(kept)  # nothing of the refused stored
+        assert (await _upload(http, stack.key(BETA), b"{}\n")).status_code == 200  # its own
+        deleted = await http.delete(f"/v1/files/{kept[0]}", headers=auth(gamma))
+        assert deleted.status_code == 200
+        assert (await _upload(http, gamma, b"{}\n")).status_code == 200  # room again

@@ -21,7 +21,7 @@ from backfill.store import (
     Store,
     chunks,
 )
-from tests.stores import PART, index, indexed_batch, upload
+from tests.stores import PART, index, indexed_batch, metadata_reads, unindex, upload
 
 STORES = ["local", "s3"]
 
@@ -152,6 +152,47 @@ def test_expired_files_and_update(store: Store) -> None:
     store.update_file(meta.model_copy(update={"expires_at": 2000}))
     assert [f.id for f in store.expired_files(2000)] == [short]
     assert store.read_file(short) == b"a"  # the content is unchanged
+
+
+def test_listing_a_workspace_reads_none_of_another_workspaces_files(store: Store) -> None:
+    assert store.list_files("alpha") == []  # a new store (on S3 its first listing marks it)
+    mine = {upload(store, b"a", workspace="alpha") for _ in range(3)}
+    theirs = {upload(store, b"b", workspace="beta") for _ in range(5)}
+    with metadata_reads(store) as read:
+        listed = {f.id for f in store.list_files("alpha")}
+    assert listed == mine
+    assert set(read) == mine, "alpha's listing read beta's files"
+    assert {f.id for f in store.list_files(None)} == mine | theirs
+    gone = mine.pop()
+    assert store.delete_file(gone)
+    with metadata_reads(store) as read:
+        assert {f.id for f in store.list_files("alpha")} == mine
+    assert not set(read) & theirs
+
+
+def test_a_store_from_before_the_index_is_indexed_on_its_first_listing(store: Store) -> None:
+    mine = {upload(store, b"a", workspace="alpha") for _ in range(2)}
+    theirs = upload(store, b"b", workspace="beta")
+    unindex(store)  # as an earlier version left it
+    with metadata_reads(store) as read:
+        assert {f.id for f in store.list_files("alpha")} == mine  # every file read, once
+    assert theirs in read
+    with metadata_reads(store) as read:
+        assert {f.id for f in store.list_files("alpha")} == mine
+        assert [f.id for f in store.list_files("beta")] == [theirs]
+    assert set(read) == mine | {theirs}  # each through its own workspace's index
+
+
+def test_the_retention_pass_indexes_a_file_an_earlier_version_wrote(store: Store) -> None:
+    store.list_files("alpha")  # the store is indexed
+    late = upload(store, b"a", workspace="alpha")
+    unindex(store)  # a process of the earlier version wrote it (a rolling upgrade)
+    store._index_mark()  # the mark stays: only that file lacks its entry
+    assert store.list_files("alpha") == []
+    out = RetentionActivities(store)._delete_expired(int(time.time()))
+    assert out.indexed_files == 1
+    assert [f.id for f in store.list_files("alpha")] == [late]
+    assert RetentionActivities(store)._delete_expired(int(time.time())).indexed_files == 0
 
 
 # ---- batches: pinned input and line index --------------------------------------------------------

@@ -97,7 +97,8 @@ def test_a_deletion_is_durable_metadata_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The metadata's unlink reaches the disk before the content's goes (a crash between never
-    keeps a file whose content is gone), and the content's before `delete_file` returns."""
+    keeps a file whose content is gone), and the content's before `delete_file` returns; then
+    the file's entry in its workspace's index goes (an entry without a file is passed over)."""
     store = FileStore(tmp_path)
     file_id = upload(store, b"x\n")
     events: list[tuple[str, str]] = []
@@ -121,6 +122,8 @@ def test_a_deletion_is_durable_metadata_first(
         ("fsync", files),
         ("unlink", f"{file_id}.data"),
         ("fsync", files),
+        ("unlink", file_id),
+        ("fsync", str(tmp_path / "workspaces" / "w" / "files")),
     ]
 
 
