@@ -5,9 +5,10 @@ in `worker/`. Results are committed to the store first-writer-wins, so a line wh
 twice (a worker died after writing) is committed exactly once. Store I/O runs in threads of its
 own, so a slow disk never stalls heartbeats or other lines' responses on the event loop.
 
-Its parts: the record of each answer (`activities.line_answers`), the send that gives its seat
-back to live traffic (`activities.preemptible_send`), and the streamed rebuild of a line that may
-be resumed (`activities.streamed_lines`).
+Its parts: one run of the line (`activities.line_attempt`, which the others take whole), the
+record of each answer (`activities.line_answers`), the send that gives its seat back to live
+traffic (`activities.preemptible_send`), and the streamed rebuild of a line that may be resumed
+(`activities.streamed_lines`).
 """
 
 from __future__ import annotations
@@ -23,26 +24,20 @@ import httpx
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.line_answers import (
-    Answer,
-    failed,
-    http_answer,
-    parse_retry_after,
-    unexpected,
-)
+from activities.line_answers import Answer, failed, parse_retry_after, unexpected
+from activities.line_attempt import LineAttempt
 from activities.preemptible_send import send_preemptible
 from activities.preemption import PreemptBoard
 from activities.streamed_lines import (
     REFUSED_CONTINUATION,
-    continuation,
     kept_partial,
     reassembled,
+    resume,
     stream_for,
 )
 from backfill import metrics, strict_json, tracing
 from backfill.byte_budget import ByteBudget, Claim
-from backfill.config import RouteConfig, Settings
-from backfill.endpoints import REGISTRY
+from backfill.config import Settings
 from backfill.messages import LineInput, LineOutcome
 from backfill.records import (
     custom_id_in,
@@ -51,7 +46,7 @@ from backfill.records import (
     placeholder_custom_id,
 )
 from backfill.store import Store
-from backfill.streamed_answer import Reassembled, StreamError, streamed_body
+from backfill.streamed_answer import StreamError, streamed_body
 from backfill.upstream_request import build_upstream_request, upstream_body
 from backfill.usage import UsageAccount, UsageJournal, new_request_id
 
@@ -163,70 +158,69 @@ class LineActivities:
             return await self._commit(
                 input.batch_id, failed(custom_id, line_no, "route_removed", msg)
             )
-        rid = new_request_id()
-        stream = stream_for(self.preempt, route, input, request)
-        sent, resent = request, 0
-        if stream is not None and input.preemptions > 0:  # preempted before: it may continue
+        attempt = LineAttempt(
+            input=input,
+            line_no=line_no,
+            custom_id=custom_id,
+            request=request,
+            route=route,
+            rid=new_request_id(),
+            timeout=self._timeout(input),
+            claim=claim,
+        )
+        attempt.stream = stream_for(self.preempt, attempt)
+        if attempt.stream is not None and input.preemptions > 0:  # preempted before: it may go on
             partial = await self._in_thread(kept_partial, self.store, input.batch_id, line_no)
             if partial is not None:
                 # Its text is held, and sent again in the continued request: counted as one.
                 if not await self._room(claim, REQUEST_COPIES * (len(raw) + len(partial.text))):
-                    return LineOutcome(line=line_no, preempted=True, held=True)
-                then = continuation(input.endpoint, request, partial, stream.chat)
-                if isinstance(then, bytes):  # its token limit was reached as it was preempted
-                    spec = REGISTRY[input.endpoint]
-                    answer = http_answer(
-                        custom_id, line_no, 200, rid, "application/json", then, spec
-                    )
-                    return await self._commit(input.batch_id, answer)
-                sent, stream, resent = then.request, then.stream, then.resent
+                    return attempt.held().outcome
+                finished = resume(attempt, partial)
+                if finished is not None:  # its token limit was reached as it was preempted
+                    return await self._commit(input.batch_id, finished)
+        return await self._attempt(attempt)
+
+    async def _attempt(self, attempt: LineAttempt) -> LineOutcome:
+        """Send the attempt (through the preemption board when this worker has one), journal
+        it, and commit its answer; or hand the line back to the queue."""
+        input = attempt.input
         try:
             async with heartbeating():
+                send = self._send(attempt)
                 if self.preempt is None:
-                    answer = await self._send(
-                        route, input, request, custom_id, line_no, rid, claim=claim
-                    )
+                    answer = await send
                 else:
-                    send = self._send(route, input, sent, custom_id, line_no, rid, stream, claim)
-                    answer = await send_preemptible(self.preempt, input, line_no, send, stream)
+                    answer = await send_preemptible(self.preempt, attempt, send)
                 if not answer.outcome.held:  # a line held at the door sent nothing
-                    self._journal(input, request, rid, answer)  # now: a cancel may end the `with`
-                    if resent:  # the continuation went upstream: its prompt was sent again
-                        metrics.REPREFILL_TOKENS.labels(input.route_id).inc(resent)
-                        again = answer.outcome.model_copy(update={"reprefill_tokens": resent})
-                        answer = dataclasses.replace(answer, outcome=again)
+                    self._journal(attempt, answer)  # now: a cancel may end the `with`
+                    if attempt.resent:  # the continuation went upstream: its prompt again
+                        metrics.REPREFILL_TOKENS.labels(input.route_id).inc(attempt.resent)
+                        update = {"reprefill_tokens": attempt.resent}
+                        answer = dataclasses.replace(
+                            answer, outcome=answer.outcome.model_copy(update=update)
+                        )
         except Exception as err:  # a bug, not an answer: the line ends failed, never lost
-            activity.logger.exception("line %d of %s failed unexpectedly", line_no, input.batch_id)
-            return await self._commit(input.batch_id, unexpected(custom_id, line_no, err))
+            activity.logger.exception(
+                "line %d of %s failed unexpectedly", attempt.line_no, input.batch_id
+            )
+            return await self._commit(input.batch_id, attempt.unexpected(err))
         if answer.outcome.held:
             return answer.outcome
         if answer.outcome.preempted:  # nothing is committed: the line runs again later
-            return await self._keep(input, line_no, stream, answer.outcome)
-        if sent is not request and answer.outcome.status_code in REFUSED_CONTINUATION:
+            return await self._keep(attempt, answer.outcome)
+        if attempt.continues and answer.outcome.status_code in REFUSED_CONTINUATION:
             # The server does not continue answers (resume should be off on this route): the
             # partial answer is dropped and the line restarts.
-            await self._in_thread(self.store.put_partial, input.batch_id, line_no, b"{}")
-            return LineOutcome(
-                line=line_no,
-                retry=True,
-                status_code=answer.outcome.status_code,
-                reprefill_tokens=resent,
-            )
+            await self._in_thread(self.store.put_partial, input.batch_id, attempt.line_no, b"{}")
+            return attempt.again(answer.outcome.status_code)
         if answer.retry and not input.final_attempt:
-            return LineOutcome(
-                line=line_no,
-                retry=True,
-                status_code=answer.outcome.status_code,
-                retry_after=answer.retry_after,
-                reprefill_tokens=resent,
-            )
+            return attempt.again(answer.outcome.status_code, answer.retry_after)
         return await self._commit(input.batch_id, answer)
 
-    async def _keep(
-        self, input: LineInput, line_no: int, stream: Reassembled | None, outcome: LineOutcome
-    ) -> LineOutcome:
+    async def _keep(self, attempt: LineAttempt, outcome: LineOutcome) -> LineOutcome:
         """A preempted line's end: what it generated is kept for its next run where it can
         continue (nothing is wasted), and its cost counted."""
+        input, line_no, stream = attempt.input, attempt.line_no, attempt.stream
         wasted = outcome.wasted_tokens
         partial = stream.partial() if stream is not None else None
         if partial is not None:
@@ -258,11 +252,12 @@ class LineActivities:
             return input.timeout_seconds
         return self.settings.limits.line_timeout_seconds
 
-    def _journal(self, input: LineInput, request: dict[str, Any], rid: str, answer: Answer) -> None:
+    def _journal(self, attempt: LineAttempt, answer: Answer) -> None:
         """One usage entry for the attempt just made, under the batch's identity snapshot."""
         if self.usage is None:
             return
-        out, body = answer.outcome, request.get("body")
+        input = attempt.input
+        out, body = answer.outcome, attempt.request.get("body")
         model = body.get("model") if isinstance(body, dict) else None
         payer = UsageAccount(
             workspace=input.workspace or "",
@@ -276,58 +271,43 @@ class LineActivities:
         usage = out.usage
         self.usage.record(
             payer.entry(
-                rid,
+                attempt.rid,
                 status,
                 usage.input_tokens if usage else 0,
                 usage.output_tokens if usage else 0,
             )
         )
 
-    async def _send(
-        self,
-        route: RouteConfig,
-        input: LineInput,
-        request: dict[str, Any],
-        custom_id: str,
-        line_no: int,
-        rid: str,
-        stream: Reassembled | None = None,
-        claim: Claim | None = None,
-    ) -> Answer:
+    async def _send(self, attempt: LineAttempt) -> Answer:
         """`_exchange`, in a trace's upstream span (identifiers only, never the body)."""
-        path = httpx.URL(route.base_url.rstrip("/") + REGISTRY[input.endpoint].upstream_path).path
+        input, route = attempt.input, attempt.route
+        path = httpx.URL(route.base_url.rstrip("/") + attempt.spec.upstream_path).path
         with tracing.upstream_span(
-            path, route.id, rid, batch_id=input.batch_id, line=line_no, workspace=input.workspace
+            path,
+            route.id,
+            attempt.rid,
+            batch_id=input.batch_id,
+            line=attempt.line_no,
+            workspace=input.workspace,
         ) as span:
-            answer = await self._exchange(
-                route, input, request, custom_id, line_no, rid, stream, claim
-            )
+            answer = await self._exchange(attempt)
             tracing.answered(span, answer.outcome.status_code, answer.outcome.error_code)
             return answer
 
-    async def _exchange(
-        self,
-        route: RouteConfig,
-        input: LineInput,
-        request: dict[str, Any],
-        custom_id: str,
-        line_no: int,
-        rid: str,
-        stream: Reassembled | None = None,
-        claim: Claim | None = None,
-    ) -> Answer:
-        """Send one request (`X-Request-ID: rid`) and turn whatever comes back into the line's
-        record. The client's own `priority` is dropped; the route's hint added (vllm only).
-        With `stream`, the request asks for a stream, and `stream` puts its events back together
-        as they come (so what was generated is known if the line is preempted). The answer
-        grows `claim` (what the line holds of the worker's buffer budget) as it comes: one it
-        cannot hold is given up and sent again later (`worker_busy`)."""
-        spec = REGISTRY[input.endpoint]
-        sent = request["body"] if stream is None else streamed_body(request["body"])
-        body = upstream_body(sent, route, input.priority, endpoint=input.endpoint)
+    async def _exchange(self, attempt: LineAttempt) -> Answer:
+        """Send the attempt's request (`X-Request-ID: rid`) and turn whatever comes back into
+        the line's record. The client's own `priority` is dropped; the route's hint added (vllm
+        only). With a stream, the request asks for one, and the stream puts its events back
+        together as they come (so what was generated is known if the line is preempted). The
+        answer grows the attempt's claim (what the line holds of the worker's buffer budget) as
+        it comes: one it cannot hold is given up and sent again later (`worker_busy`)."""
+        input, route, stream = attempt.input, attempt.route, attempt.stream
+        body = attempt.sent["body"] if stream is None else streamed_body(attempt.sent["body"])
+        body = upstream_body(body, route, input.priority, endpoint=input.endpoint)
         limit = self.settings.limits.max_response_bytes
+        claim = attempt.claim
         held = claim.size if claim is not None else 0
-        timeout = self._timeout(input)
+        timeout = attempt.timeout
         try:
             # The whole exchange, not each read, is bounded by the line timeout.
             async with asyncio.timeout(timeout):
@@ -335,9 +315,9 @@ class LineActivities:
                     build_upstream_request(
                         self.http,
                         route,
-                        spec,
+                        attempt.spec,
                         body,
-                        rid,
+                        attempt.rid,
                         timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
                         headers={"X-Backfill-Batch": input.batch_id},
                     )
@@ -358,10 +338,10 @@ class LineActivities:
                             size = len(answered)
                         if size > limit:
                             msg = f"The response was larger than the {limit}-byte cap."
-                            return failed(custom_id, line_no, "response_too_large", msg)
+                            return attempt.failed("response_too_large", msg)
                         if claim is not None and not claim.resize(held + ANSWER_COPIES * size):
                             msg = "The worker had no room left for this answer; it is sent again."
-                            return failed(custom_id, line_no, "worker_busy", msg, retry=True)
+                            return attempt.failed("worker_busy", msg, retry=True)
                 finally:
                     await resp.aclose()
                 if streamed:
@@ -371,22 +351,20 @@ class LineActivities:
                 retry_after = parse_retry_after(resp.headers.get("retry-after"))
         except httpx.ConnectTimeout:
             msg = f"Could not connect to the upstream within {CONNECT_TIMEOUT:g} s."
-            return failed(custom_id, line_no, "connection_error", msg, retry=True)
+            return attempt.failed("connection_error", msg, retry=True)
         except httpx.ConnectError as err:
-            msg = describe_error(err)
-            return failed(custom_id, line_no, "connection_error", msg, retry=True)
+            return attempt.failed("connection_error", describe_error(err), retry=True)
         except (TimeoutError, httpx.TimeoutException):
-            msg = f"No complete response within {timeout:g} s."
-            return failed(custom_id, line_no, "request_timeout", msg)
+            return attempt.failed("request_timeout", f"No complete response within {timeout:g} s.")
         except httpx.TransportError as err:  # reset, closed mid-answer: transient
-            return failed(custom_id, line_no, "upstream_error", describe_error(err), retry=True)
+            return attempt.failed("upstream_error", describe_error(err), retry=True)
         except StreamError as err:  # an error event, a stream cut short: transient
             msg = f"The streamed answer could not be read: {err}."
-            return failed(custom_id, line_no, "upstream_error", msg, retry=True)
+            return attempt.failed("upstream_error", msg, retry=True)
         except httpx.HTTPError as err:
-            return failed(custom_id, line_no, "upstream_error", describe_error(err))
+            return attempt.failed("upstream_error", describe_error(err))
         # The bytearray itself, not a copy: with 256 lines of 8 MB in flight, copies add up.
-        answer = http_answer(custom_id, line_no, status, rid, content_type, answered, spec)
+        answer = attempt.answered(status, content_type, answered)
         return dataclasses.replace(answer, retry_after=retry_after) if answer.retry else answer
 
     async def _send_answered(self, request: httpx.Request) -> httpx.Response:

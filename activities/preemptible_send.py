@@ -12,23 +12,19 @@ from collections.abc import Coroutine
 from typing import Any
 
 from activities.line_answers import Answer
+from activities.line_attempt import LineAttempt
 from activities.preemption import PreemptBoard
-from backfill.messages import LineInput, LineOutcome
-from backfill.streamed_answer import Reassembled
 
 
 async def send_preemptible(
-    board: PreemptBoard,
-    input: LineInput,
-    line_no: int,
-    send: Coroutine[Any, Any, Answer],
-    stream: Reassembled | None = None,
+    board: PreemptBoard, attempt: LineAttempt, send: Coroutine[Any, Any, Answer]
 ) -> Answer:
-    """`send` unless live traffic needs the seat first: then the upstream request is closed
-    (the server aborts it) and the answer says `preempted`, with the tokens it generated
-    (`stream`'s count, else an estimate). An answer that is complete when the preemption
-    comes is kept (it is committed like any other)."""
-    ticket = board.enter(input.route_id, input.preemptions)
+    """`send` (the attempt's exchange) unless live traffic needs the seat first: then the
+    upstream request is closed (the server aborts it) and the answer says `preempted`, with the
+    tokens it generated (its stream's count, else an estimate). An answer that is complete when
+    the preemption comes is kept (it is committed like any other)."""
+    stream = attempt.stream
+    ticket = board.enter(attempt.input.route_id, attempt.input.preemptions)
     try:
         try:
             may_send = await board.door(ticket)
@@ -37,7 +33,7 @@ async def send_preemptible(
             raise
         if not may_send:  # no seat within the door's limit: back to the queue, not a try
             send.close()
-            return Answer(b"", LineOutcome(line=line_no, preempted=True, held=True))
+            return attempt.held()
         sent = asyncio.ensure_future(send)
         stop = asyncio.ensure_future(ticket.preempted.wait())
         try:
@@ -54,9 +50,6 @@ async def send_preemptible(
             board.finished(ticket, stream.generated() if stream is not None else tokens)
             return answer
         generated = stream.generated() if stream is not None else board.wasted_tokens(ticket)
-        outcome = LineOutcome(
-            line=line_no, error_code="preempted", preempted=True, wasted_tokens=generated
-        )
-        return Answer(b"", outcome)
+        return attempt.preempted(generated)
     finally:
         board.leave(ticket)

@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from activities.line_answers import Answer
+from activities.line_attempt import LineAttempt
 from activities.preemption import PreemptBoard
-from backfill.config import RouteConfig
-from backfill.messages import LineInput
 from backfill.store import Store
 from backfill.streamed_answer import (
     Partial,
@@ -31,23 +31,21 @@ REFUSED_CONTINUATION = frozenset({400, 422})
 continue answers, and the line restarts."""
 
 
-def stream_for(
-    board: PreemptBoard | None, route: RouteConfig, input: LineInput, request: dict[str, Any]
-) -> Reassembled | None:
+def stream_for(board: PreemptBoard | None, attempt: LineAttempt) -> Reassembled | None:
     """Where a line that goes upstream streamed is put back together (None: it goes as it
     came). Streamed: a line that may be preempted and resumed (its route's preemption is on
     with `resume`, on this worker's `board`), on a self-hosted route, whose answer a stream
     rebuilds exactly (`backfill.streamed_answer`, decision 0036)."""
-    body = request.get("body")
+    body, endpoint = attempt.request.get("body"), attempt.input.endpoint
     if (
         board is None
-        or route.provider != "vllm"
-        or not board.resumes(input.route_id)
+        or attempt.route.provider != "vllm"
+        or not board.resumes(attempt.input.route_id)
         or not isinstance(body, dict)
-        or not streamable(input.endpoint, body)
+        or not streamable(endpoint, body)
     ):
         return None
-    return Reassembled(chat=input.endpoint == "/v1/chat/completions")
+    return Reassembled(chat=endpoint == "/v1/chat/completions")
 
 
 def kept_partial(store: Store, batch_id: str, line_no: int) -> Partial | None:
@@ -83,6 +81,18 @@ def continuation(
         return _compact(finished_answer(partial, chat))
     resent = (partial.prompt_tokens or 0) + partial.completion_tokens
     return Continuation({**request, "body": body}, Reassembled(chat, before=partial), resent)
+
+
+def resume(attempt: LineAttempt, partial: Partial) -> Answer | None:
+    """Make `attempt` (streamed) continue `partial`: it sends the continuation, whose stream
+    joins the partial answer. When the token limit was reached as the line was preempted, the
+    line's complete answer instead (nothing is sent)."""
+    assert attempt.stream is not None
+    then = continuation(attempt.input.endpoint, attempt.request, partial, attempt.stream.chat)
+    if isinstance(then, bytes):
+        return attempt.answered(200, "application/json", then)
+    attempt.sent, attempt.stream, attempt.resent = then.request, then.stream, then.resent
+    return None
 
 
 def reassembled(stream: Reassembled) -> bytes:

@@ -20,6 +20,7 @@ from api.batch_reads import describe_batch, list_page, load_batch, workspace_of
 from api.deps import ClientDep, Identity, IdentityDep, SettingsDep, StoreDep, WriterDep
 from api.errors import Conflict, InvalidRequest, NotFound
 from api.eta import fill_eta
+from api.input_scan import scan_input
 from api.retries import retries_of, retry_link
 from api.schemas import COMMON_ERRORS, BatchList, CreateBatch, error_responses
 from api.submit_estimate import estimate_at_submit, history_of
@@ -35,19 +36,10 @@ from backfill.messages import BatchInput, PauseRequest
 from backfill.progress import add_route_reasons
 from backfill.refs import BatchWorkflow
 from backfill.store import FileObject as StoredFile
-from backfill.store import Store, chunks
+from backfill.store import Store
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=COMMON_ERRORS)
 log = logging.getLogger(__name__)
-
-
-def _count_lines(store: Store, file_id: str) -> int:
-    """Lines of an uploaded file (a last line without its newline counts), read in chunks."""
-    lines, last = 0, b"\n"
-    for chunk in chunks(store.open_file(file_id)):
-        lines += chunk.count(b"\n")
-        last = chunk[-1:]
-    return lines + (last != b"\n")
 
 
 @router.post("", response_model=Batch, responses=error_responses(403, 404, 429))
@@ -97,8 +89,10 @@ async def start_batch(
     batch_id = new_batch_id(now_ms)
     tracing.annotate(batch_id=batch_id)
     limits = settings.workspace_limits(identity.workspace)
-    # Counted for the estimate at submit too (and the queued-lines limit, when set).
-    lines = await asyncio.to_thread(_count_lines, store, file.id)
+    # One read of the input: its lines (the queued-lines limit, when set, and the estimate at
+    # submit) and its first line (the estimate's model).
+    scan = await asyncio.to_thread(scan_input, store, file.id)
+    lines = scan.lines
     reservation = ReserveRequest(
         batch_id=batch_id,
         input_file_id=file.id,
@@ -117,9 +111,8 @@ async def start_batch(
     estimate = await estimate_at_submit(
         client=client,
         settings=settings,
-        store=store,
         history=history_of(settings.data_dir),
-        file_id=file.id,
+        first_line=scan.head,
         endpoint=req.endpoint,
         lines=lines,
         now=now,

@@ -27,7 +27,6 @@ from backfill.config import Settings
 from backfill.endpoints import spec_of
 from backfill.ids import scheduler_workflow_id
 from backfill.refs import RouteSchedulerWorkflow
-from backfill.store import Store, chunks
 from backfill.submit_estimate import (
     HISTORY_WEEKS,
     HOUR,
@@ -50,8 +49,6 @@ LIKELY_TO_MISS = Counter(
 )
 REFRESH_SECONDS = 60.0
 """How long a reading of the journal serves the creates that follow (within the same hour)."""
-FIRST_LINE_BYTES = 1 << 20
-"""The most read of the input to find its first line's model."""
 
 
 @dataclass
@@ -153,16 +150,12 @@ def _read(path: Path, stamp: tuple[int, int]) -> _HourFile:
     return out
 
 
-def first_model(store: Store, file_id: str, endpoint: str) -> str | None:
-    """The model of the input's first request line (None if it cannot be read)."""
+def first_model(head: bytes, endpoint: str) -> str | None:
+    """The model of the first request line in `head`, the input's beginning
+    (`api.input_scan.InputScan.head`); None if it cannot be read."""
     spec = spec_of(endpoint)
     if spec is None:
         return None
-    head = b""
-    for chunk in chunks(store.open_file(file_id)):
-        head += chunk
-        if b"\n" in head.lstrip() or len(head) >= FIRST_LINE_BYTES:
-            break
     for raw in head.lstrip(b"\xef\xbb\xbf").split(b"\n"):
         if raw.strip():
             try:
@@ -203,20 +196,20 @@ async def estimate_at_submit(
     *,
     client: Client,
     settings: Settings,
-    store: Store,
     history: ServedHistory,
-    file_id: str,
+    first_line: bytes,
     endpoint: str,
     lines: int,
     now: int,
     expires_at: int,
 ) -> SubmitEstimate:
-    """The estimate for a batch of `lines` lines created at `now`. Counts it in
+    """The estimate for a batch of `lines` lines created at `now`, whose input begins with
+    `first_line` (its model is the batch's, as far as the estimate goes). Counts it in
     `gateway_batches_likely_to_miss_total` when it says the window will be missed."""
     empty = SubmitEstimate(made_at=now, lines=lines)
     model_id: str | None = None
     try:
-        model_id = await asyncio.to_thread(first_model, store, file_id, endpoint)
+        model_id = await asyncio.to_thread(first_model, first_line, endpoint)
         model = settings.model(model_id) if model_id is not None else None
         if model is None:
             return empty

@@ -42,7 +42,8 @@ API_CODE = re.compile(r'code="([a-z_]+)"')
 """`code="..."` in an APIError, a BodyRule or a BatchError."""
 GATEWAY_CODE = re.compile(r'_gateway_error\([^)]*"([a-z_]+)"\)', re.S)
 ENVELOPE_CODE = re.compile(r'"code": "([a-z_]+)"')
-LINE_CODE = re.compile(r'\bfailed\(\s*custom_id,\s*line_no,\s*"([a-z_]+)"')
+LINE_CODE = re.compile(r'\bfailed\(\s*(?:custom_id,\s*line_no,\s*)?"([a-z_]+)"')
+"""A line's own failure: `failed(custom_id, line_no, "...")`, or its attempt's `failed("...")`."""
 FINAL_CODE = re.compile(r'"(batch_cancelled|batch_expired|internal_error)"')
 
 

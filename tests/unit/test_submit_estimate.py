@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from api.input_scan import scan_input
 from api.submit_estimate import REFRESH_SECONDS, ServedHistory, first_model
 from backfill.store import FileStore
 from backfill.submit_estimate import (
@@ -220,8 +221,10 @@ def test_first_model_reads_only_the_first_request_line(tmp_path: Path) -> None:
     body = "\n".join(
         json.dumps({**line, "body": {"model": m, "messages": []}}) for m in ("demo", "other")
     )
-    assert first_model(store, _upload(store, "\n\n" + body), "/v1/chat/completions") == "demo"
-    assert first_model(store, _upload(store, "not json\n"), "/v1/chat/completions") is None
+    head = scan_input(store, _upload(store, "\n\n" + body)).head
+    assert first_model(head, "/v1/chat/completions") == "demo"
+    head = scan_input(store, _upload(store, "not json\n")).head
+    assert first_model(head, "/v1/chat/completions") is None
 
 
 def _upload(store: FileStore, text: str) -> str:
@@ -315,9 +318,8 @@ async def test_a_route_without_history_asks_no_scheduler(tmp_path: Path) -> None
     est = await estimate_at_submit(
         client=cast(Client, NoCalls()),
         settings=settings,
-        store=store,
         history=ServedHistory(tmp_path),
-        file_id=_upload(store, text),
+        first_line=scan_input(store, _upload(store, text)).head,
         endpoint="/v1/chat/completions",
         lines=1,
         now=NOW,

@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Send
 
@@ -20,6 +20,7 @@ from tools.sim.requests import (
     CHAT,
     EMBEDDINGS,
     RESPONSE,
+    EmbeddingConfig,
     SimRequest,
     embeddings_body,
     reply_pieces,
@@ -27,14 +28,25 @@ from tools.sim.requests import (
 )
 from tools.sim.stats import ABORTED, SimStats
 
-if TYPE_CHECKING:
-    from tools.sim.server import SimConfig
+
+class FixedConfig(EmbeddingConfig, Protocol):
+    """What the fixed mode reads of the simulator's config (`server.SimConfig` is one)."""
+
+    @property
+    def reply_bytes(self) -> int:
+        """Bytes a non-streamed completion's text is padded to (0: the usual short reply)."""
+        ...
+
+    @property
+    def stream_token_delay_ms(self) -> float:
+        """The pause before each streamed event."""
+        ...
 
 
 class FixedServing:
     """The fixed-latency mode's inference answers, over the app's stats."""
 
-    def __init__(self, stats: SimStats, config: SimConfig) -> None:
+    def __init__(self, stats: SimStats, config: FixedConfig) -> None:
         self.stats, self.config = stats, config
 
     async def respond(

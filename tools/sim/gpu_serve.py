@@ -6,18 +6,15 @@ reply's tokens for the prefix cache, and what it continues for the waste count."
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import Receive, Send
 
 from tools.sim.asgi import Header, error_body, send_json, until_disconnect, wait_disconnect
 from tools.sim.gpu import FINISHED, GpuEngine, GpuSequence, SequenceTooLong, TrafficClass
 from tools.sim.gpu_reply import GpuReply, continuation, split_words
-from tools.sim.requests import CHAT, EMBEDDINGS, SimRequest, embeddings_body
+from tools.sim.requests import CHAT, EMBEDDINGS, EmbeddingConfig, SimRequest, embeddings_body
 from tools.sim.stats import ABORTED, SimStats
-
-if TYPE_CHECKING:
-    from tools.sim.server import SimConfig
 
 
 def reply_for(req: SimRequest, chat: bool, prompt_tokens: int) -> GpuReply:
@@ -40,7 +37,7 @@ def reply_for(req: SimRequest, chat: bool, prompt_tokens: int) -> GpuReply:
 class GpuServing:
     """The GPU mode's inference answers, over the app's engine and stats."""
 
-    def __init__(self, engine: GpuEngine, stats: SimStats, config: SimConfig) -> None:
+    def __init__(self, engine: GpuEngine, stats: SimStats, config: EmbeddingConfig) -> None:
         self.engine, self.stats, self.config = engine, stats, config
 
     async def respond(

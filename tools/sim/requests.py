@@ -16,7 +16,7 @@ import base64
 import json
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from backfill.endpoints import EndpointSpec
 from tools.sim import responses
@@ -191,6 +191,15 @@ def _embedding(text: str, dim: int, seed: int) -> list[float]:
     vec = [rnd.uniform(-1.0, 1.0) for _ in range(dim)]
     norm = sum(v * v for v in vec) ** 0.5 or 1.0
     return [v / norm for v in vec]
+
+
+class EmbeddingConfig(Protocol):
+    """What an embeddings answer reads of the simulator's config (`server.SimConfig` is one)."""
+
+    @property
+    def embedding_dim(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
 
 
 def embeddings_body(req: SimRequest, prompt_tokens: int, dim: int, seed: int) -> dict[str, Any]:
