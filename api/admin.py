@@ -32,14 +32,10 @@ from backfill.config import RouteConfig, Settings, configured_bases
 from backfill.gates import server_load as load_gate
 from backfill.ids import scheduler_workflow_id
 from backfill.load_reader import ServerLoadReader
-from backfill.messages import (
-    BatchStatusEntry,
-    RouteSettings,
-    RouteState,
-    SchedulerInput,
-    SchedulerStatus,
-)
+from backfill.messages import SchedulerInput
 from backfill.refs import RouteSchedulerWorkflow
+from backfill.route_settings import RouteSettings
+from backfill.route_status import BatchStatusEntry, RouteState, SchedulerStatus
 from backfill.schedulers import scheduler_input, start_scheduler
 
 log = logging.getLogger(__name__)

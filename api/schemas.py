@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.jobs import Job
-from backfill.messages import RouteSettings, RouteState
-from backfill.route_settings import SettingSource
+from backfill.route_settings import RouteSettings, SettingSource
+from backfill.route_status import RouteState
 from backfill.store import FileObject as StoredFile
 
 MAX_METADATA_PAIRS = 16

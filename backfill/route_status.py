@@ -1,6 +1,6 @@
 """A route's status: what its scheduler's `status` query answers (`SchedulerStatus`) and the
 fields it shares with the management API's route status (`RouteState`, extended by
-`api.schemas.SchedulingStatus`). Also importable from `backfill.messages`.
+`api.schemas.SchedulingStatus`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from api.console.usage_page import daily_rows
 from api.deps import Identity
 from api.schemas import BatchScheduling, PreemptChannelStatus, SchedulingStatus
 from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.messages import RouteSettings
+from backfill.route_settings import RouteSettings
 from backfill.usage import UsageTotal
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
