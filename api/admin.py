@@ -80,7 +80,6 @@ async def _document(
             wasted_tokens=lines.wasted_tokens,
             reprefill_tokens=lines.reprefill_tokens,
             preempt_channel=preempt_channel(getattr(request.app.state, "preempt", None)),
-            backoff_until=int(status.backoff_until) if status.backoff_until else None,
             server_load=reading.model_dump() if reading is not None else None,
         ),
     )

@@ -214,8 +214,8 @@ class PreemptChannelStatus(BaseModel):
 
 
 class SchedulingStatus(RouteState):
-    """The route's state as its scheduler says it (`RouteState`), with what the batches and
-    this api process add."""
+    """The route's state as its scheduler says it (`RouteState`, every field as the scheduler
+    answered it), with what the batches and this api process add."""
 
     model_config = _Output
 
@@ -233,8 +233,6 @@ class SchedulingStatus(RouteState):
     preempt_channel: PreemptChannelStatus | None = None
     """Preemptive yield's channel as this api process sees it (null: off, no
     `BACKFILL_PREEMPT_TOKEN`: a `preempt` setting then preempts nothing)."""
-    backoff_until: int | None = None
-    """While rate limited: when the back-off ends (unix seconds)."""
     server_load: dict[str, Any] | None = None
     """The server load signal's last reading (null while the signal is off)."""
     stale: bool = False
