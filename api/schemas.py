@@ -233,8 +233,6 @@ class SchedulingStatus(RouteState):
     preempt_channel: PreemptChannelStatus | None = None
     """Preemptive yield's channel as this api process sees it (null: off, no
     `BACKFILL_PREEMPT_TOKEN`: a `preempt` setting then preempts nothing)."""
-    server_load: dict[str, Any] | None = None
-    """The server load signal's last reading (null while the signal is off)."""
     stale: bool = False
     """True when the scheduler could not answer just now (no worker running): the settings are
     Temporal's record of them (its input and the updates it accepted), the counts are unknown

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from backfill.gates.server_load import LoadReading
 from backfill.route_settings import RouteSettings, SettingSource
 
 
@@ -73,6 +74,11 @@ class RouteState(BaseModel):
     """More about the reason (e.g. why the server's metrics could not be read)."""
     backoff_until: WholeSeconds | None = None
     """While rate limited: when the back-off ends (unix seconds)."""
+    server_load: LoadReading | None = None
+    """The reading of the model server's `/metrics` the server load signal last judged (null
+    while the signal is off, or before its first reading). The scheduler's watcher reads every
+    few seconds while lines wait and tells the scheduler only when its verdict changes, so
+    `read_at` says how old these figures are."""
     batches: list[BatchStatusEntry]
 
 
