@@ -11,10 +11,9 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from backfill import refs
-from backfill.gates.server_load import judge
+from backfill.gates.server_load import WatchLoadInput, judge
 from backfill.ids import scheduler_workflow_id
 from backfill.load_reader import ServerLoadReader, export_reading
-from backfill.messages import WatchLoadInput
 
 WATCH_EVERY = 5.0
 """Seconds between readings while a route's scheduler watches (a reading is reused 5 s)."""

@@ -10,7 +10,8 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from backfill.config import Settings
 from backfill.input_rules import validate_input as validate_lines
-from backfill.messages import RouteAssignment, ValidateInput, ValidateOutput
+from backfill.lanes import RouteAssignment
+from backfill.messages import ValidateInput, ValidateOutput
 from backfill.prefix_order import reorder
 from backfill.store import RouteLines, Store
 

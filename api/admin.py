@@ -29,17 +29,11 @@ from api.schemas import (
 from backfill import refs, route_settings
 from backfill.batches import Batch
 from backfill.config import RouteConfig, Settings, configured_bases
-from backfill.gates import server_load as load_gate
 from backfill.ids import scheduler_workflow_id
-from backfill.load_reader import ServerLoadReader
-from backfill.messages import (
-    BatchStatusEntry,
-    RouteSettings,
-    RouteState,
-    SchedulerInput,
-    SchedulerStatus,
-)
+from backfill.messages import SchedulerInput
 from backfill.refs import RouteSchedulerWorkflow
+from backfill.route_settings import RouteSettings
+from backfill.route_status import BatchStatusEntry, RouteState, SchedulerStatus
 from backfill.schedulers import scheduler_input, start_scheduler
 
 log = logging.getLogger(__name__)
@@ -69,9 +63,6 @@ def _admin_writer(identity: IdentityDep) -> None:
 async def _document(
     client: Client, route_id: str, status: SchedulerStatus, request: Request
 ) -> BatchScheduling:
-    reader: ServerLoadReader = request.app.state.load_reader
-    load = load_gate.ENTRY.setting(status.settings)
-    reading = await reader.read(load.metrics_url) if load is not None else None
     lines = await _route_lines(client, route_id, status)
     return BatchScheduling(
         route=route_id,
@@ -84,8 +75,6 @@ async def _document(
             wasted_tokens=lines.wasted_tokens,
             reprefill_tokens=lines.reprefill_tokens,
             preempt_channel=preempt_channel(getattr(request.app.state, "preempt", None)),
-            backoff_until=int(status.backoff_until) if status.backoff_until else None,
-            server_load=reading.model_dump() if reading is not None else None,
         ),
     )
 

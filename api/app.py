@@ -40,8 +40,7 @@ from api.route_poller import RoutePoller
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
 from backfill import endpoints, tracing
 from backfill.byte_budget import ByteBudget
-from backfill.config import Settings, configured_bases
-from backfill.load_reader import ServerLoadReader
+from backfill.config import Settings
 from backfill.preempt_peers import parse_networks
 from backfill.store import CHUNK_BYTES, open_store
 from backfill.temporal_client import connect
@@ -64,7 +63,6 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         app.state.usage = UsageJournal(
             settings.data_dir, retention_days=settings.usage_retention_days
         )
-        app.state.load_reader = ServerLoadReader(configured_bases(settings))
         app.state.live = LiveTraffic(r.id for m in settings.models for r in m.routes)
         app.state.live_limits = LiveLimits()
         app.state.live_budget = RelayBudget(settings.limits.live_buffer_total_bytes)

@@ -30,8 +30,9 @@ from api.route_poller import RoutePoller
 from api.temporal_link import TemporalLink
 from backfill import refs
 from backfill.background import Background, woken
+from backfill.gates.live import LiveReport
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import LiveGateView, LiveReport
+from backfill.messages import LiveGateView
 
 log = logging.getLogger(__name__)
 

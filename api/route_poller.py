@@ -27,7 +27,8 @@ from api.history_view import quick_query
 from api.temporal_link import TemporalLink
 from backfill import refs
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import LiveGateView, SchedulerStatus
+from backfill.messages import LiveGateView
+from backfill.route_status import SchedulerStatus
 
 T = TypeVar("T")
 

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from backfill.batches import Batch, CompletionWindow, Endpoint
 from backfill.jobs import Job
-from backfill.messages import RouteSettings, RouteState
-from backfill.route_settings import SettingSource
+from backfill.route_settings import RouteSettings, SettingSource
+from backfill.route_status import RouteState
 from backfill.store import FileObject as StoredFile
 
 MAX_METADATA_PAIRS = 16
@@ -216,8 +216,8 @@ class PreemptChannelStatus(BaseModel):
 
 
 class SchedulingStatus(RouteState):
-    """The route's state as its scheduler says it (`RouteState`), with what the batches and
-    this api process add."""
+    """The route's state as its scheduler says it (`RouteState`, every field as the scheduler
+    answered it), with what the batches and this api process add."""
 
     model_config = _Output
 
@@ -235,10 +235,6 @@ class SchedulingStatus(RouteState):
     preempt_channel: PreemptChannelStatus | None = None
     """Preemptive yield's channel as this api process sees it (null: off, no
     `BACKFILL_PREEMPT_TOKEN`: a `preempt` setting then preempts nothing)."""
-    backoff_until: int | None = None
-    """While rate limited: when the back-off ends (unix seconds)."""
-    server_load: dict[str, Any] | None = None
-    """The server load signal's last reading (null while the signal is off)."""
     stale: bool = False
     """True when the scheduler could not answer just now (no worker running): the settings are
     Temporal's record of them (its input and the updates it accepted), the counts are unknown

@@ -1,7 +1,9 @@
 """Inputs and outputs of every workflow, signal, update and activity (one object each).
 
 Plain pydantic models, safe inside the workflow sandbox; fields may be added with defaults
-without breaking running workflows.
+without breaking running workflows. Models that belong to a concept live in its module and are
+imported from there, never through this one (a gate's signal payloads in its gate module,
+`RouteSettings` in `backfill.route_settings`, the status in `backfill.route_status`).
 """
 
 from __future__ import annotations
@@ -18,18 +20,9 @@ from pydantic import (
 )
 
 from backfill.batches import Batch, BatchError, SubmitEstimate, TokenCounts
-from backfill.gates.backoff import RateLimited as RateLimited  # the gate's signal
-from backfill.gates.live import LiveReport as LiveReport  # the gate's signal
 from backfill.gates.preempt import PreemptPolicy
-from backfill.gates.seats import HeldBackReport as HeldBackReport  # the gate's signal
-from backfill.gates.server_load import LoadVerdict as LoadVerdict  # the gate's signal
-from backfill.gates.server_load import WatchLoadInput as WatchLoadInput  # its reader's input
 from backfill.lanes import Lane, RouteAssignment
-from backfill.route_settings import RouteSettings as RouteSettings  # its own module
-from backfill.route_settings import SettingSource
-from backfill.route_status import BatchStatusEntry as BatchStatusEntry  # its own module
-from backfill.route_status import RouteState as RouteState
-from backfill.route_status import SchedulerStatus as SchedulerStatus
+from backfill.route_settings import RouteSettings, SettingSource
 
 EndReason = Literal["completed", "expired", "cancelled"]
 

@@ -26,22 +26,21 @@ from backfill.admission import (
     ReserveResult,
 )
 from backfill.batches import Batch
+from backfill.gates.backoff import RateLimited
+from backfill.gates.live import LiveReport
+from backfill.gates.seats import HeldBackReport
+from backfill.gates.server_load import LoadVerdict
 from backfill.messages import (
     Ack,
     Allotment,
     BatchInput,
     Demand,
-    HeldBackReport,
     LiveGateView,
-    LiveReport,
-    LoadVerdict,
     PauseRequest,
-    RateLimited,
-    RouteSettings,
     SchedulerInput,
-    SchedulerStatus,
 )
-from backfill.route_settings import ConfiguredSettings
+from backfill.route_settings import ConfiguredSettings, RouteSettings
+from backfill.route_status import SchedulerStatus
 from backfill.webhooks import (
     EndpointId,
     EndpointsInput,

@@ -14,50 +14,61 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field
 
+from backfill.gates import live as live_gate
+from backfill.gates import maintenance as maintenance_gate
+from backfill.gates import preempt as preempt_gate
+from backfill.gates import ramp as ramp_gate
+from backfill.gates import seats as seats_gate
 from backfill.gates import server_load as load_gate
+from backfill.gates import window as window_gate
 from backfill.gates.cap import DEFAULT_LINES_AT_ONCE, LinesAtOnce
-from backfill.gates.registry import settings_fields
+from backfill.gates.live import YieldToLiveTraffic
+from backfill.gates.maintenance import MaintenanceHold
+from backfill.gates.preempt import Preempt
+from backfill.gates.ramp import ReopenRamp
+from backfill.gates.seats import SeatAware
+from backfill.gates.server_load import ServerLoadSettings
+from backfill.gates.window import TimeWindow
 from backfill.load_metrics import approve_metrics_url
 
-_RouteSettingsFields = create_model(
-    "RouteSettings",
-    __config__=ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True),
-    max_concurrent_lines=(
-        LinesAtOnce,
-        Field(
-            default=DEFAULT_LINES_AT_ONCE,
-            description='"Batch lines at once": batch lines running on the route across every '
-            "batch and process.",
-        ),
-    ),
-    **settings_fields(),
-    priority_hint=(
-        int | None,
-        Field(
-            default=None,
-            ge=1,
-            le=1_000_000,
-            description="vLLM's `priority` sent in the body of batch lines (never live "
-            "requests); lower runs first under vLLM's priority scheduling policy, so a large "
-            "value puts batch lines behind live ones. `vllm` routes only (null: off).",
-        ),
-    ),
-)
 
-
-class RouteSettings(_RouteSettingsFields):  # type: ignore[misc,valid-type]
+class RouteSettings(BaseModel):
     """A route's batch-scheduling settings: the management API's settings document, held
     durably in the scheduler's state. `max_concurrent_lines`, then one field per gate an
     operator sets (`backfill.gates.registry`: null when off), then `priority_hint`."""
 
-    if TYPE_CHECKING:  # mypy cannot see through create_model; a gate's field is read through
-        # its entry, typed (`GateEntry.setting`)
-        max_concurrent_lines: int
-        priority_hint: int | None
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+    max_concurrent_lines: LinesAtOnce = Field(
+        default=DEFAULT_LINES_AT_ONCE,
+        description='"Batch lines at once": batch lines running on the route across every '
+        "batch and process.",
+    )
+    # One field per gate with settings, named as its registry entry and in the registry's order
+    # (`tests/unit/test_gates.py` holds them together); its description is the entry's `doc`.
+    maintenance: MaintenanceHold | None = Field(
+        default=None, description=maintenance_gate.ENTRY.doc
+    )
+    time_window: TimeWindow | None = Field(default=None, description=window_gate.ENTRY.doc)
+    yield_to_live_traffic: YieldToLiveTraffic | None = Field(
+        default=None, description=live_gate.ENTRY.doc
+    )
+    server_load: ServerLoadSettings | None = Field(default=None, description=load_gate.ENTRY.doc)
+    seat_aware: SeatAware | None = Field(default=None, description=seats_gate.ENTRY.doc)
+    preempt: Preempt | None = Field(default=None, description=preempt_gate.ENTRY.doc)
+    reopen_ramp: ReopenRamp | None = Field(default=None, description=ramp_gate.ENTRY.doc)
+    priority_hint: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="vLLM's `priority` sent in the body of batch lines (never live "
+        "requests); lower runs first under vLLM's priority scheduling policy, so a large "
+        "value puts batch lines behind live ones. `vllm` routes only (null: off).",
+    )
 
 
 SettingSource = Literal["config", "admin_api", "default"]
@@ -168,7 +179,7 @@ def settings_problem(
     """(field, why) when `settings` cannot serve the route `route_id` of `provider` whose
     metrics may be read from `approved_bases`; None when they can. A `PUT` answers it as a 400,
     the config file fails at start with it."""
-    load = load_gate.ENTRY.setting(settings)
+    load = settings.server_load
     if load is not None:
         try:
             approve_metrics_url(load.metrics_url, approved_bases)

@@ -1,15 +1,26 @@
 """A route's status: what its scheduler's `status` query answers (`SchedulerStatus`) and the
 fields it shares with the management API's route status (`RouteState`, extended by
-`api.schemas.SchedulingStatus`). Also importable from `backfill.messages`.
+`api.schemas.SchedulingStatus`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from backfill.gates.server_load import LoadReading
 from backfill.route_settings import RouteSettings, SettingSource
+
+
+def _whole_seconds(value: Any) -> Any:
+    """A time in unix seconds, cut to the second (the back-off gate keeps fractions, and so did
+    the status of a worker of an earlier version)."""
+    return int(value) if isinstance(value, float) else value
+
+
+WholeSeconds = Annotated[int, BeforeValidator(_whole_seconds)]
+"""Unix seconds, a whole number, as the api answers every time."""
 
 
 class BatchStatusEntry(BaseModel):
@@ -36,7 +47,7 @@ class BatchStatusEntry(BaseModel):
 class RouteState(BaseModel):
     """What a route's scheduler says of the route now: the fields its `status` query
     (`SchedulerStatus`) and the management API's route status (`api.schemas.SchedulingStatus`)
-    share, declared once."""
+    share, declared once (the gates' fields among them: each gate's `status` fills its own)."""
 
     model_config = ConfigDict(
         json_schema_serialization_defaults_required=True, use_attribute_docstrings=True
@@ -61,6 +72,13 @@ class RouteState(BaseModel):
     """Why lines are held back (one of the documented reasons), or null."""
     reason_detail: str | None = None
     """More about the reason (e.g. why the server's metrics could not be read)."""
+    backoff_until: WholeSeconds | None = None
+    """While rate limited: when the back-off ends (unix seconds)."""
+    server_load: LoadReading | None = None
+    """The reading of the model server's `/metrics` the server load signal last judged (null
+    while the signal is off, or before its first reading). The scheduler's watcher reads every
+    few seconds while lines wait and tells the scheduler only when its verdict changes, so
+    `read_at` says how old these figures are."""
     batches: list[BatchStatusEntry]
 
 
@@ -75,4 +93,3 @@ class SchedulerStatus(RouteState):
     """Sum of allotments: lines batches may run now."""
     held: int
     """Slots counted as used (≥ allotted while shrinks are unacknowledged)."""
-    backoff_until: float | None = None

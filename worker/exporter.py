@@ -35,10 +35,10 @@ from backfill.batches import Batch
 from backfill.config import Settings
 from backfill.eta import ProgressLog, Sample, estimate
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import SchedulerStatus
 from backfill.progress import add_route_reasons
 from backfill.reasons import WaitReason
 from backfill.refs import BatchWorkflow, RouteSchedulerWorkflow
+from backfill.route_status import SchedulerStatus
 from worker.stall import StallClock, advance
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,8 @@ from temporalio.client import Client
 
 from backfill import refs
 from backfill.background import Background, woken
-from backfill.gates.seats import HELD_BACK_RENEW
+from backfill.gates.seats import HELD_BACK_RENEW, HeldBackReport
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import HeldBackReport
 
 log = logging.getLogger(__name__)
 

@@ -34,11 +34,10 @@ with workflow.unsafe.imports_passed_through():
         ClosedBatchesInput,
         Demand,
         LiveGateView,
-        RouteSettings,
         SchedulerInput,
-        SchedulerStatus,
     )
-    from backfill.route_settings import ConfiguredSettings
+    from backfill.route_settings import ConfiguredSettings, RouteSettings
+    from backfill.route_status import SchedulerStatus
     from workflows import patches
     from workflows.alarm import Alarm
     from workflows.fairness import (

@@ -18,9 +18,10 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from backfill import refs
+    from backfill.gates.backoff import RateLimited
     from backfill.lanes import Lane, demand_to_report, pace_to_report
     from backfill.lifecycle import keepalive_due
-    from backfill.messages import Ack, DemandInput, RateLimited
+    from backfill.messages import Ack, DemandInput
     from workflows.cancellation import CancelRequests
     from workflows.patches import ALARMS_ON_TIME, DEADLINE_PACE_COUNTED
 

@@ -15,8 +15,9 @@ from backfill.gates import Gate, GateContext, GateEntry, registry
 from backfill.gates import live as live_gate
 from backfill.gates import preempt as preempt_gate
 from backfill.gates import seats as seats_gate
-from backfill.messages import BatchStatusEntry, LiveGateView, SchedulerInput, SchedulerStatus
+from backfill.messages import LiveGateView, SchedulerInput
 from backfill.reasons import WaitReason
+from backfill.route_status import BatchStatusEntry, SchedulerStatus
 
 Joined = Callable[[GateEntry[Any]], bool]
 """Whether the scheduler has taken a gate's patch (`GateEntry.patch`) in this run."""

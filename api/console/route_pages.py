@@ -24,8 +24,8 @@ from api.deps import ClientDep, SettingsDep
 from api.errors import InvalidRequest
 from api.schemas import BatchScheduling
 from backfill.gates import SETTINGS_GATES
-from backfill.messages import RouteSettings
 from backfill.reasons import LEGITIMATE_WAITS
+from backfill.route_settings import RouteSettings
 
 PLAIN_FIELDS = ("max_concurrent_lines", "priority_hint")
 """The settings that are not gates (a number each; blank `priority_hint`: off)."""

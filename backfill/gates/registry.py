@@ -4,10 +4,11 @@ The route scheduler (`workflows/scheduler.py`) runs the gates only through these
 knows none by name: `context` builds what decisions read from the recorded states, `route_gate`
 is the combined decision and `shaped` applies the gates that shape it (the reopen ramp),
 `apply_signal` records a gate's signal, `readers` says which reader activities should run,
-`status_fields` gives the gates' fields of the status. `settings_fields` gives the gates' fields
-of the route settings document (`backfill.messages.RouteSettings`); `SETTINGS_GATES` the rows of
-the console's route page. Adding a gate: its module (settings model, state, signals, reader,
-decision, entry), one line in `GATES`, its reason and tests (docs/decisions/0040).
+`status_fields` gives the gates' fields of the status. `SETTINGS_GATES` are the gates with a field
+in the route settings document (`backfill.route_settings.RouteSettings`, which declares one per
+gate, named as the entry) and the rows of the console's route page. Adding a gate: its module
+(settings model, state, signals, reader, decision, entry), one line in `GATES` (and its field in
+`RouteSettings` when it has settings), its reason and tests (docs/decisions/0040).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from backfill.gates import backoff, live, maintenance, preempt, ramp, seats, server_load, window
 from backfill.gates.base import Gate, GateContext, GateEntry, GateSignal
@@ -50,8 +51,8 @@ def entries() -> tuple[GateEntry[Any], ...]:
 def registered(entry: GateEntry[Any]) -> Iterator[GateEntry[Any]]:
     """`entry` runs after the registry's gates while the block lasts: for a gate defined in a
     test (every worker replaying a history must run the same gates, so production gates are
-    lines of `GATES`). A gate with settings needs its field in `RouteSettings`, which is built
-    from `GATES` at import: it cannot be added here."""
+    lines of `GATES`). A gate with settings needs its field declared in `RouteSettings`: it
+    cannot be added here."""
     if entry.model is not None:
         raise ValueError(f"gate {entry.name!r} has settings: add it to GATES")
     if any(e.name == entry.name for e in entries()):
@@ -192,12 +193,3 @@ def status_fields(states: Mapping[str, Any], gate: Gate, now: float) -> dict[str
         if e.status is not None:
             out.update(e.status(e.state.read(states) if e.state else None, gate, now))
     return out
-
-
-def settings_fields() -> dict[str, Any]:
-    """The gates' fields of the route settings document, for `pydantic.create_model`: each an
-    optional gate settings model, null (off) by default."""
-    return {
-        e.name: (Optional[e.model], Field(default=None, description=e.doc))  # noqa: UP045
-        for e in SETTINGS_GATES
-    }

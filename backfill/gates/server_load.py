@@ -9,7 +9,8 @@ missing gauge that has a limit closes the gate as "Server metrics unavailable" (
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -18,6 +19,7 @@ from backfill.gates import base
 from backfill.gates.base import (
     OPEN,
     FormField,
+    Gate,
     GateAnswer,
     GateContext,
     GateEntry,
@@ -172,6 +174,12 @@ def decide(setting: ServerLoadSettings, ctx: GateContext) -> GateAnswer:
 LIMITS = ("max_waiting", "max_running", "max_kv_cache_percent")
 
 
+def _status(load: LoadVerdict | None, gate: Gate, now: float) -> Mapping[str, Any]:
+    """The reading the last verdict was judged on: the route status shows what the scheduler
+    read, and the api never reads the model server's metrics itself."""
+    return {"server_load": load.reading if load is not None else None}
+
+
 def _summary(s: ServerLoadSettings) -> str:
     limits = [f", {k} {getattr(s, k)}" for k in LIMITS if getattr(s, k) is not None]
     return s.metrics_url + "".join(limits)
@@ -197,4 +205,5 @@ ENTRY = GateEntry(
         "watch_server_load",
         lambda route_id, setting: WatchLoadInput(route_id=route_id, settings=setting),
     ),
+    status=_status,
 )

@@ -16,8 +16,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import SchedulerStatus
 from backfill.refs import RouteSchedulerWorkflow
+from backfill.route_status import SchedulerStatus
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until

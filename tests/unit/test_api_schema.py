@@ -24,7 +24,7 @@ from api.app import create_app
 from api.errors import NOT_AN_OBJECT, NOT_JSON, invalid_request
 from backfill.batches import Batch
 from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.messages import RouteSettings
+from backfill.route_settings import RouteSettings
 
 KEY = "sk-unit"
 ROUTE_PREFIXES = ("/v1/", "/api/v1/")

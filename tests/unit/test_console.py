@@ -20,7 +20,7 @@ from api.console.usage_page import daily_rows
 from api.deps import Identity
 from api.schemas import BatchScheduling, PreemptChannelStatus, SchedulingStatus
 from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.messages import RouteSettings
+from backfill.route_settings import RouteSettings
 from backfill.usage import UsageTotal
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
@@ -412,6 +412,30 @@ def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
     html = route_page(BatchScheduling(route="r1", settings=RouteSettings(), status=plain))
     assert "ramping up" not in html and "Preempted for live traffic" not in html
     assert "off (all at once)" in html
+
+
+def test_the_route_page_shows_the_reading_the_scheduler_judged() -> None:
+    from backfill.gates.server_load import LoadReading
+
+    on = RouteSettings.model_validate(
+        {"server_load": {"metrics_url": "http://127.0.0.1:9/metrics", "max_waiting": 4}}
+    )
+    judged = LoadReading(waiting=9, running=2, read_at=1_765_000_000)
+    status = SchedulingStatus(
+        queued_lines=0, running_lines=0, limit=2, batches=[], server_load=judged
+    )
+
+    def row(settings: RouteSettings, status: SchedulingStatus) -> str:
+        html = route_page(BatchScheduling(route="r1", settings=settings, status=status))
+        found = re.search(r"<dt>Server load</dt><dd>(.*?)</dd>", html, re.S)
+        assert found is not None
+        return re.sub(r"<[^>]+>", " ", found.group(1))
+
+    shown = row(on, status)
+    assert "waiting : 9.0" in shown and "read_at : 1765000000" in shown
+    assert row(on, status.model_copy(update={"server_load": None})).strip() == "no reading yet"
+    unset = status.model_copy(update={"server_load": None})
+    assert row(RouteSettings(), unset).strip() == "signal off"
 
 
 def channel_row(html: str) -> tuple[str, bool] | None:

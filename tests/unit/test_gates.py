@@ -25,8 +25,9 @@ from backfill.gates.live import (
     live_in_flight,
 )
 from backfill.gates.server_load import LoadVerdict
-from backfill.messages import RouteSettings, SchedulerInput
+from backfill.messages import SchedulerInput
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from workflows import patches
 
 REASON_BACKOFF, REASON_BUSY, REASON_LIVE = WaitReason.BACKOFF, WaitReason.BUSY, WaitReason.LIVE

@@ -5,9 +5,10 @@ from __future__ import annotations
 from api.admin import RouteLines, route_lines
 from backfill.batches import Batch
 from backfill.gates import Gate
-from backfill.lanes import Lane, Tries, demand_to_report, pace_to_report
+from backfill.lanes import Lane, RouteAssignment, Tries, demand_to_report, pace_to_report
 from backfill.lifecycle import show_done, show_progress
-from backfill.messages import BatchSlot, RouteAssignment, RouteSettings, SchedulerInput
+from backfill.messages import BatchSlot, SchedulerInput
+from backfill.route_settings import RouteSettings
 from workflows.scheduler_view import scheduler_status
 
 

@@ -19,8 +19,9 @@ from backfill.gates.backoff import Backoff
 from backfill.gates.base import OPEN
 from backfill.gates.maintenance import MAX_HOLD, MaintenanceHold
 from backfill.gates.server_load import LoadVerdict
-from backfill.messages import RouteSettings, SchedulerInput
+from backfill.messages import SchedulerInput
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from backfill.schedulers import scheduler_input
 
 START = datetime(2026, 12, 5, 1, 30, tzinfo=UTC)

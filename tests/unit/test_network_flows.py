@@ -67,7 +67,7 @@ FLOWS = [
         "api",
         "model-server",
         "base_url",
-        ("api/app.py", "backfill/load_reader.py"),
+        ("api/app.py",),
     ),
     Flow(
         "workers to the model servers",

@@ -29,8 +29,9 @@ from backfill.gates.preempt import (
 )
 from backfill.gates.preempt import policy as preempt_policy
 from backfill.gates.seats import SeatAware
-from backfill.messages import LineOutcome, RouteSettings
+from backfill.messages import LineOutcome
 from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from backfill.route_settings import RouteSettings
 from tests.unit.test_run_line import BATCH, OK_BODY, line, make, record
 from worker.preempt_channel import PATH, PreemptChannel
 

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from backfill.gates import Gate, GateContext, ramped
 from backfill.gates.ramp import RampState, ReopenRamp, ramp
-from backfill.messages import BatchSlot, RouteSettings, SchedulerInput
+from backfill.messages import BatchSlot, SchedulerInput
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from workflows.scheduler_view import effective_cap, scheduler_status
 
 T0 = 1_700_000_000.0

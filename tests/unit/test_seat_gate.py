@@ -13,8 +13,8 @@ from backfill.gates import GateContext, route_gate
 from backfill.gates.live import LIVE_REPORT_TTL, LiveCount
 from backfill.gates.seats import READING_FRESH_SECONDS, SeatAware, decide
 from backfill.gates.server_load import LoadReading, LoadVerdict
-from backfill.messages import RouteSettings
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from workflows.scheduler_view import effective_cap
 
 NOW = 1_000_000.0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from backfill.batches import BackfillExtension, Batch, RouteProgress
-from backfill.messages import BatchStatusEntry, RouteSettings, SchedulerStatus
 from backfill.metrics import outcome_class
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
+from backfill.route_status import BatchStatusEntry, SchedulerStatus
 from worker.exporter import route_reason
 from worker.stall import StallClock, advance, waits_legitimately
 

@@ -14,8 +14,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.server_load import ServerLoadActivities
 from backfill.config import Limits, Settings
-from backfill.gates.server_load import LoadReading, ServerLoadSettings
-from backfill.messages import WatchLoadInput
+from backfill.gates.server_load import LoadReading, ServerLoadSettings, WatchLoadInput
 from worker.main import StopSignals
 
 

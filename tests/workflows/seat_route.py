@@ -15,13 +15,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import (
-    ClosedBatchesInput,
-    ClosedBatchesOutput,
-    Demand,
-    RouteSettings,
-    SchedulerInput,
-)
+from backfill.messages import ClosedBatchesInput, ClosedBatchesOutput, Demand, SchedulerInput
+from backfill.route_settings import RouteSettings
 from tests.workflows.ending import terminate_if_running
 from tests.workflows.seat_batch import SeatBatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow

@@ -20,7 +20,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import RouteSettings, SchedulerInput
+from backfill.messages import SchedulerInput
+from backfill.route_settings import RouteSettings
 from tests.workflows.ending import terminate_if_running
 from tests.workflows.events import E, patch_marker, require
 from tests.workflows.paced_batch import PacedBatch, PacedBatchWorkflow, PacedOutcome

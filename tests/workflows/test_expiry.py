@@ -37,10 +37,10 @@ from backfill.messages import (
     LineInput,
     LineOutcome,
     PauseRequest,
-    RouteSettings,
     SchedulerInput,
 )
 from backfill.records import END_MESSAGES
+from backfill.route_settings import RouteSettings
 from backfill.schedulers import signal_demand
 from backfill.store import FileStore
 from tests.workflows.holder import SlotHolderWorkflow

@@ -24,8 +24,10 @@ from backfill.gates import (
     Reader,
     registered,
 )
-from backfill.messages import Demand, LoadVerdict, RouteSettings, WatchLoadInput
+from backfill.gates.server_load import LoadVerdict, WatchLoadInput
+from backfill.messages import Demand
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.events import require, signaled
 from tests.workflows.seat_route import seat_route

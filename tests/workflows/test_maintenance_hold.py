@@ -16,8 +16,8 @@ from temporalio.client import WorkflowExecutionStatus
 
 from backfill import refs
 from backfill.gates.maintenance import MaintenanceHold
-from backfill.messages import RouteSettings
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.test_expiry import (
     Harness,

@@ -24,8 +24,9 @@ from backfill import refs
 from backfill.batches import Batch
 from backfill.gates.window import TimeWindow
 from backfill.ids import scheduler_workflow_id
-from backfill.messages import LineInput, LineOutcome, PauseRequest, RouteSettings
+from backfill.messages import LineInput, LineOutcome, PauseRequest
 from backfill.reasons import WaitReason
+from backfill.route_settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.test_expiry import (
     Harness,
