@@ -383,6 +383,34 @@ class S3Store(S3Objects, Store):
                 del self._blocks[cache_key]
         return len(swept)
 
+    def unfinalized_batches(self) -> list[str]:
+        """The listing of `drop_finalized_leftovers`: a batch whose first key is not
+        `finalized.json` has none, and the listing skips the rest of its keys."""
+        base = f"{self.prefix}batches/"
+        after = ""
+        current = ""
+        found: list[str] = []
+        while True:
+            start = {"StartAfter": after} if after else {}
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=base, **start)
+            contents = page.get("Contents", [])
+            skip_to = None
+            for item in contents:
+                batch_id, _, name = item["Key"][len(base) :].partition("/")
+                if batch_id != current:
+                    current = batch_id
+                    if name != FINALIZED:
+                        if is_batch_id(batch_id):
+                            found.append(batch_id)
+                        skip_to = f"{base}{batch_id}0"
+                        break
+            if skip_to is not None:
+                after = skip_to
+            elif contents and page.get("IsTruncated"):
+                after = contents[-1]["Key"]
+            else:
+                return found
+
     # ---- batches: per-line results --------------------------------------------------------------
     def _result_key(self, batch_id: str, line_no: int) -> str:
         return self._batch_key(batch_id, f"results/{line_no // 1000:05d}/{line_no}.json")
