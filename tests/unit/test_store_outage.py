@@ -4,24 +4,32 @@ the real stores raise; how long a batch waits; how a worker counts the batches w
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from pathlib import Path
 
+import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
 from activities.store_waits import WAITING_FOR_SECONDS, StoreWaits
+from activities.validation import ValidationActivities
+from backfill.config import Settings
+from backfill.messages import ValidateInput
 from backfill.storage_waits import (
     MIN_WAIT_SECONDS,
     STORE_UNAVAILABLE,
     store_failure,
     store_wait_seconds,
 )
-from backfill.store import FileStore
+from backfill.store import FileStore, Store
 from backfill.store.outage import store_unavailable
 from backfill.store.s3 import S3Store
-from tests.s3server import BUCKET, client
+from tests.s3server import BUCKET
 from tests.stores import upload
 from tools.dev.procs import free_port
 
@@ -32,11 +40,40 @@ def _raised(call: object) -> BaseException:
     return info.value
 
 
+def _down_s3() -> S3Store:
+    """An S3 store whose endpoint refuses connections (one try per call)."""
+    down = boto3.session.Session(
+        aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+    ).client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+    return S3Store(down, BUCKET, "p/")
+
+
 def test_an_s3_endpoint_that_refuses_connections_is_an_outage() -> None:
-    down = client(f"http://127.0.0.1:{free_port()}")
-    down.meta.config.retries = {"max_attempts": 1}
-    store = S3Store(down, BUCKET, "p/")
+    store = _down_s3()
     assert store_unavailable(_raised(lambda: store.get_file("file-abc")))
+
+
+def _validate(store: Store) -> BaseException:
+    activities = ValidationActivities(Settings(data_dir=Path("/nonexistent")), store)
+    inp = ValidateInput(
+        batch_id="batch_x1", input_file_id="file-abc", endpoint="/v1/chat/completions"
+    )
+    with pytest.raises(ApplicationError) as info:
+        asyncio.run(ActivityEnvironment().run(activities.validate_input, inp))
+    return info.value
+
+
+def test_validation_is_retried_on_an_outage_and_not_on_a_missing_input(tmp_path: Path) -> None:
+    outage = _validate(_down_s3())
+    assert isinstance(outage, ApplicationError)
+    assert outage.type == STORE_UNAVAILABLE and not outage.non_retryable
+    missing = _validate(FileStore(tmp_path / "store"))
+    assert isinstance(missing, ApplicationError)
+    assert missing.type == "FileNotFoundError" and missing.non_retryable
 
 
 def test_s3_server_errors_are_outages_and_client_errors_are_not(s3: S3Store) -> None:
