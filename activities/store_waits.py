@@ -27,6 +27,9 @@ T = TypeVar("T")
 
 WAITING_FOR_SECONDS = 3 * MAX_INTERVAL_SECONDS
 """How long a failed attempt keeps its batch counted as waiting without another one."""
+MESSAGE_CHARS = 300
+"""Most characters of a permanent error's message passed on to the workflow (the worker's log
+has it whole, with its traceback)."""
 MAX_TRACKED = 10_000
 """Most batches a worker tracks as waiting (the oldest are forgotten first)."""
 
@@ -80,14 +83,17 @@ async def through_outages(step: str, batch_id: str, work: Callable[[], T]) -> T:
                 attempt,
                 type(err).__name__,
             )
+            # Without its cause: Temporal keeps a pending activity's last failure only under
+            # 4 KB, and a boto error's chain is longer (the type is then lost with it).
             raise ApplicationError(
                 f"the file store is unavailable ({type(err).__name__})", type=STORE_UNAVAILABLE
-            ) from err
+            ) from None
         WAITS.ended(batch_id)
+        activity.logger.exception("%s of %s failed on the file store", step, batch_id)
         raise ApplicationError(
-            f"{step} failed: {type(err).__name__}: {err}",
+            f"{step} failed: {type(err).__name__}: {str(err)[:MESSAGE_CHARS]}",
             type=type(err).__name__,
             non_retryable=True,
-        ) from err
+        ) from None
     WAITS.ended(batch_id)
     return result

@@ -26,6 +26,16 @@ MIN_WAIT_SECONDS = 24 * 3600
 """The shortest time an activity scheduled now waits for the store, whatever the expiry."""
 
 
+STORE_STEPS = frozenset({"validate_input", "finalize_batch"})
+"""The activities that wait out an unavailable store."""
+
+
+def waits_on_store(pending: list[tuple[str, str]]) -> bool:
+    """Whether a batch waits on the store, from its pending activities as (activity type, type
+    of the last failure, "" if none)."""
+    return any(kind in STORE_STEPS and failure == STORE_UNAVAILABLE for kind, failure in pending)
+
+
 def store_wait_seconds(now: int, expires_at: int | None) -> int:
     """Seconds from `now` an activity may keep trying: until `expires_at`, at least
     `MIN_WAIT_SECONDS`."""

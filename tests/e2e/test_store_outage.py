@@ -85,6 +85,13 @@ async def finalize_through(stack: Stack, down: Outage, up: Outage) -> None:
             what="finalizing to fail on the store",
         )
         assert status == "finalizing"
+        # The batch says why (once Temporal has the failed attempt the worker counted).
+        await poll_until(
+            lambda: client.batches.retrieve(batch_id),
+            lambda b: (b.model_extra or {})["backfill"]["waiting_on_store"] is True,
+            timeout=30,
+            what=f"batch {batch_id} to say it waits on the store",
+        )
         waiting = value(
             await scrape(http, worker_url(stack, 1)), "gateway_batches_waiting_on_store"
         )
@@ -96,6 +103,8 @@ async def finalize_through(stack: Stack, down: Outage, up: Outage) -> None:
         await up()
         batch = await wait_terminal(client, batch_id, within=180)
         assert batch.status == "completed", batch
+        assert batch.model_extra is not None
+        assert batch.model_extra["backfill"]["waiting_on_store"] is False
         ids, errors = await output_ids(client, batch)
         assert ids == input_ids("out", LINES) and errors == []
         assert batch.request_counts is not None and batch.request_counts.completed == LINES
