@@ -99,7 +99,8 @@ STORE_OUTAGE_WAITS = "store-outage-waits"
 validation or finalizing fails for good (the deadline passed, or an error waiting cannot mend)
 ends `failed` with a `store_unavailable` / `store_error` error, its webhook event sent, instead
 of its run failing; its stored work is left to the retention pass
-(`Store.drop_unfinished_work`, docs/decisions/0047). Asked where either activity is scheduled.
+(`activities.retention.drop_ended_work`, docs/decisions/0047). Asked where either activity is
+scheduled.
 Old branch: 3 attempts of validation and 5 of finalizing with Temporal's default back-off
 (~15 s), then the run failed (the api read a failed run as `failed`, without files)."""
 

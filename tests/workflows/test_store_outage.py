@@ -14,16 +14,11 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
 
-from activities.control import ControlActivities
-from activities.validation import ValidationActivities
-from activities.webhooks import WebhookActivities
 from backfill.messages import FinalizeInput, FinalizeOutput
 from backfill.storage_waits import MAX_INTERVAL_SECONDS, MIN_WAIT_SECONDS, STORE_UNAVAILABLE
-from tests.workflows.test_expiry import Harness, start_batch, time_skipping_env
+from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import BatchWorkflow
-from workflows.scheduler import RouteSchedulerWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -49,20 +44,7 @@ async def outage(tmp_path: Path) -> AsyncIterator[tuple[Harness, Finalizing]]:
     env = await time_skipping_env()
     h = Harness(env, tmp_path)
     finalizing = Finalizing()
-    control = ControlActivities(h.settings, h.client)
-    async with Worker(
-        h.client,
-        task_queue=h.settings.task_queue,
-        workflows=[BatchWorkflow, RouteSchedulerWorkflow],
-        activities=[
-            ValidationActivities(h.settings, h.store).validate_input,
-            h.run_line,
-            finalizing.finalize_batch,
-            control.report_demand,
-            control.find_closed_batches,
-            WebhookActivities(h.settings, h.client).announce_webhook_event,
-        ],
-    ):
+    async with harness_worker(h, h.run_line, finalize_batch=finalizing.finalize_batch):
         yield h, finalizing
     await env.shutdown()
 
@@ -72,7 +54,7 @@ async def test_finalizing_waits_for_the_store_until_the_deadline_then_fails_the_
 ) -> None:
     h, finalizing = outage
     batch_id, created = await start_batch(h, 3, "24h")
-    handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)  # type: ignore[arg-type]
+    handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     await h.env.sleep(timedelta(hours=24, minutes=5))  # skip past the deadline
     batch = await asyncio.wait_for(handle.result(), 300)  # a completed run, not a failed one
     assert batch.status == "failed"
@@ -94,7 +76,7 @@ async def test_an_error_waiting_cannot_mend_fails_the_batch_at_once(
     h, finalizing = outage
     finalizing.error_type = "FileNotFoundError"
     batch_id, _ = await start_batch(h, 3, "24h")
-    handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)  # type: ignore[arg-type]
+    handle = h.client.get_workflow_handle_for(BatchWorkflow.run, batch_id)
     batch = await asyncio.wait_for(handle.result(), 120)
     assert batch.status == "failed"
     assert batch.errors is not None
