@@ -102,7 +102,8 @@ of its run failing; its stored work is left to the retention pass
 (`activities.retention.drop_ended_work`, docs/decisions/0047). Asked where either activity is
 scheduled.
 Old branch: 3 attempts of validation and 5 of finalizing with Temporal's default back-off
-(~15 s), then the run failed (the api read a failed run as `failed`, without files)."""
+(~15 s), then the run failed (the api read a failed run as `failed`, without files). History:
+`batch_store_failed.v1` (new); every older one replays the old branch."""
 
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after

@@ -6,6 +6,7 @@ run with its webhook announced; an error that waiting cannot mend fails it at on
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -83,3 +84,8 @@ async def test_an_error_waiting_cannot_mend_fails_the_batch_at_once(
     [error] = batch.errors.data
     assert error.code == "store_error" and "FileNotFoundError" in error.message
     assert len(finalizing.attempts) == 1
+    save_as = os.environ.get("BACKFILL_RECORD_HISTORIES")  # set by record_histories.py
+    if save_as:
+        history = await handle.fetch_history()
+        with (Path(__file__).parent / "histories" / save_as).open("x") as f:  # never overwrite
+            f.write(history.to_json())
