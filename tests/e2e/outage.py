@@ -1,34 +1,28 @@
-"""Storage outages are waits, not failures (docs/decisions/0047): a batch whose finalizing finds
-the file store unavailable (the S3 endpoint down, the local store's disk full) for a minute
-waits, tries again, and completes with every line's result once the store is back.
+"""A batch whose finalizing finds the file store unavailable for a minute
+(tests/e2e/test_store_outage_s3.py, test_store_outage_disk.py; docs/decisions/0047): it waits,
+tries again, and completes with every line's result once the store is back.
 
 The outage starts exactly between the last line's commit and finalizing: the batch's workflow
 runs in a workflows-only worker that is frozen (SIGSTOP) while its lines finish in an
 activities-only worker (decision 0016), the outage starts once the store holds every line's
 result, and the workflow worker is thawed to schedule finalizing into it. Finalizing gave up
-after 5 attempts (~15 s) before: the batch failed, without files.
+after 5 attempts (~15 s) before: the batch failed, without files. One module per store, so
+the two outages run side by side in `make test` (`--dist loadfile`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import os
 import signal
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
-import pytest
 
 from tests.e2e.stack import (
     TERMINAL,
     Stack,
     input_ids,
-    moto_server,
     output_ids,
     submit,
     wait_in_flight,
@@ -36,7 +30,6 @@ from tests.e2e.stack import (
 )
 from tests.e2e.test_metrics import scrape, value, worker_url
 from tests.polling import poll_until
-from tests.tcp_gate import TcpGate
 from tools.sim import SimConfig
 
 LINES = 6
@@ -115,68 +108,7 @@ async def finalize_through(stack: Stack, down: Outage, up: Outage) -> None:
         assert value(samples, "gateway_batches_waiting_on_store") == 0
 
 
-async def test_finalizing_waits_out_the_s3_endpoint_down(tmp_path: Path, dev_server: Any) -> None:
-    gate = await TcpGate(moto_server().port).open()
-    stack = Stack(
-        tmp_path, dev_server.address, cap=LINES, sim=SimConfig(model_names=[], latency_ms=2000)
-    )
-    stack.s3_url = gate.url  # every process reaches moto's server through the gate
-    try:
-        async with stack.running(workers=0):
-            await finalize_through(stack, gate.close, gate.open)
-    finally:
-        await gate.close()
-
-
-def _mount_tmpfs(path: Path, size: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-
-
-def _fill(path: Path) -> None:
-    """Write zeros to `path` until the disk is full."""
-    chunk = b"\0" * (1 << 20)
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(chunk)
-        except OSError as err:
-            if err.errno != errno.ENOSPC:
-                raise
-    # The last pages too: a write smaller than a chunk may still have found room.
-    with open(path, "ab", buffering=0) as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 512)
-
-
-async def test_finalizing_waits_out_a_full_disk(tmp_path: Path, dev_server: Any) -> None:
-    stack = Stack(
-        tmp_path, dev_server.address, cap=LINES, sim=SimConfig(model_names=[], latency_ms=2000)
-    )
-    if stack.s3_url is not None:
-        pytest.skip("the local store's disk (this run's store is S3)")
-    data = tmp_path / "data"
-    _mount_tmpfs(data, "32m")
-    filler = data / "filler"
-    try:
-        async with stack.running(workers=0):
-
-            async def full() -> None:
-                await asyncio.to_thread(_fill, filler)
-
-            async def freed() -> None:
-                filler.unlink()
-
-            await finalize_through(stack, full, freed)
-    finally:
-        await asyncio.to_thread(subprocess.run, ["umount", "-l", str(data)], check=False)
+def outage_stack(tmp: Path, temporal_address: str) -> Stack:
+    """A stack whose lines are held 2 s at the simulator, all at once (started with no worker:
+    `finalize_through` starts its own)."""
+    return Stack(tmp, temporal_address, cap=LINES, sim=SimConfig(model_names=[], latency_ms=2000))
