@@ -16,12 +16,16 @@ import pytest_asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.retention import RetentionActivities, drop_ended_work
 from backfill.messages import FinalizeInput, FinalizeOutput
 from backfill.storage_waits import MAX_INTERVAL_SECONDS, MIN_WAIT_SECONDS, STORE_UNAVAILABLE
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ANY_ID_IS_OLD = (1 << 48) // 1000 + 2 * 3600
+"""Seconds after the latest creation time a batch id's 12 hex digits can say, and an hour."""
 
 
 class Finalizing:
@@ -84,6 +88,13 @@ async def test_an_error_waiting_cannot_mend_fails_the_batch_at_once(
     [error] = batch.errors.data
     assert error.code == "store_error" and "FileNotFoundError" in error.message
     assert len(finalizing.attempts) == 1
+    # Its work (line index, results) is left to the retention pass, which asks Temporal: the
+    # batch's workflow is closed, so the work goes. (Ids here are not timed: any `now` past
+    # the latest time an id can say makes every batch old enough.)
+    assert h.store.keys(f"batches/{batch_id}/results/")
+    retention = RetentionActivities(h.store, h.client)
+    assert await drop_ended_work(h.store, retention._closed, now=ANY_ID_IS_OLD) == 1
+    assert h.store.keys(f"batches/{batch_id}/") == []
     save_as = os.environ.get("BACKFILL_RECORD_HISTORIES")  # set by record_histories.py
     if save_as:
         history = await handle.fetch_history()
