@@ -9,12 +9,12 @@ workflow's running tallies only show progress until then, and are replaced by th
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.store_waits import through_outages
 from backfill.messages import RECORD_STRIDE, FinalizedFiles, FinalizeInput, FinalizeOutput
 from backfill.records import (
     END_MESSAGES,
@@ -37,7 +37,9 @@ class FinalizeActivities:
     @activity.defn
     async def finalize_batch(self, input: FinalizeInput) -> FinalizeOutput:
         async with heartbeating():
-            return await asyncio.to_thread(self._finalize, input)
+            return await through_outages(
+                "finalizing", input.batch_id, lambda: self._finalize(input)
+            )
 
     def _finalize(self, input: FinalizeInput) -> FinalizeOutput:
         """Assemble once; a rerun (the activity retried after a crash) answers what the first

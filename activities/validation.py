@@ -3,11 +3,10 @@ when it is valid, write the line index the line activities read by offset."""
 
 from __future__ import annotations
 
-import asyncio
-
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.store_waits import through_outages
 from backfill.config import Settings
 from backfill.input_rules import validate_input as validate_lines
 from backfill.lanes import RouteAssignment
@@ -24,7 +23,9 @@ class ValidationActivities:
     @activity.defn
     async def validate_input(self, input: ValidateInput) -> ValidateOutput:
         async with heartbeating():
-            return await asyncio.to_thread(self._validate, input)
+            return await through_outages(
+                "validation", input.batch_id, lambda: self._validate(input)
+            )
 
     def _validate(self, input: ValidateInput) -> ValidateOutput:
         allowed = frozenset(input.allowed_models) if input.allowed_models is not None else None

@@ -33,6 +33,7 @@ from backfill.lifecycle import STATUS_MEMO, STATUS_MEMO_FIELDS, initial_batch
 from backfill.messages import BatchInput
 from backfill.progress import add_route_reasons
 from backfill.refs import BatchWorkflow
+from backfill.storage_waits import waits_on_store
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,12 @@ async def load_batch(
         if batch.status not in TERMINAL_STATUSES:
             batch.status = "failed"
             batch.failed_at = int(desc.close_time.timestamp()) if desc.close_time else None
+    elif desc.status == WorkflowExecutionStatus.RUNNING:
+        pending = [
+            (p.activity_type.name, p.last_failure.application_failure_info.type)
+            for p in desc.raw_description.pending_activities
+        ]
+        batch.backfill.waiting_on_store = waits_on_store(pending)
     return batch
 
 

@@ -174,6 +174,9 @@ class BackfillExtension(_Wire):
     """Batches created to retry lines of this one (their metadata `retry_of` names it)."""
     estimate: SubmitEstimate | None = None
     """The estimate at submit (null for batches created before it existed)."""
+    waiting_on_store: bool = False
+    """True while the batch's validation or finalizing waits for the file store to come back
+    (its last attempt found the store unavailable: `backfill.storage_waits`)."""
 
 
 class Batch(_Wire):

@@ -15,6 +15,14 @@ def new_batch_id(now_ms: int | None = None) -> str:
     return f"batch_{ms:012x}{secrets.token_hex(8)}"
 
 
+def batch_created_ms(batch_id: str) -> int | None:
+    """When a batch was created (Unix milliseconds), from its id; None if the id has no time."""
+    try:
+        return int(batch_id[6:18], 16) if is_batch_id(batch_id) else None
+    except ValueError:
+        return None
+
+
 def scheduler_workflow_id(route_id: str) -> str:
     return f"route-scheduler:{route_id}"
 

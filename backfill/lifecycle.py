@@ -39,13 +39,15 @@ def initial_batch(input: BatchInput) -> Batch:
 # ---- status transitions ----
 NEXT_STATUSES: dict[BatchStatus, frozenset[BatchStatus]] = {
     "validating": frozenset({"in_progress", "failed", "cancelling"}),
-    "in_progress": frozenset({"finalizing", "cancelling", "expired"}),
+    "in_progress": frozenset({"finalizing", "cancelling", "expired", "failed"}),
     "cancelling": frozenset({"cancelled", "failed", "expired"}),
-    "finalizing": frozenset({"completed"}),
+    "finalizing": frozenset({"completed", "failed"}),
 }
 """Which statuses may follow which. Two follow `cancelling` besides `cancelled`: `failed`, when
 the input of a batch cancelled while validating is rejected (there is nothing to cancel), and
-`expired`, when a cancel arrives while an expired batch's files are already being assembled."""
+`expired`, when a cancel arrives while an expired batch's files are already being assembled.
+`failed` follows `in_progress` (an expired batch) and `finalizing` when the files could not be
+assembled (the store stayed unavailable until the deadline: `backfill.storage_waits`)."""
 
 STAMPS: dict[BatchStatus, str] = {
     "in_progress": "in_progress_at",

@@ -336,6 +336,9 @@ class CleanupOutput(BaseModel):
     finalized_leftovers: int = 0
     """Finalized batches whose work was found again (a line committed after finalizing, on
     the S3 store) and dropped."""
+    ended_batches: int = 0
+    """Batches that ended without finalizing (input rejected, the store unavailable until
+    their deadline, terminated) whose stored work was dropped."""
 
 
 class FinalizeOutput(BaseModel):

@@ -160,3 +160,16 @@ def outcome_class(status_code: int | None, ok: bool) -> str:
     if status_code >= 500:
         return "5xx"
     return "error"
+
+
+STORE_UNAVAILABLE = Counter(
+    "gateway_store_unavailable_total",
+    "Attempts of a batch's validation or finalizing that failed on an unavailable file store "
+    "(each is tried again until the batch's deadline), by step.",
+    ["step"],
+)
+BATCHES_WAITING_ON_STORE = Gauge(
+    "gateway_batches_waiting_on_store",
+    "Batches whose validation or finalizing in this worker last failed on an unavailable file "
+    "store and is being tried again (sum over workers).",
+)

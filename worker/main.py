@@ -74,7 +74,7 @@ def activities(
         FinalizeActivities(store).finalize_batch,
         control.report_demand,
         control.find_closed_batches,
-        RetentionActivities(store).delete_expired_files,
+        RetentionActivities(store, client).delete_expired_files,
         load.watch_server_load,
         webhooks.announce_webhook_event,
         webhooks.deliver_webhook,

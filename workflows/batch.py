@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.finalizing import FinalizeActivities
@@ -41,6 +43,12 @@ with workflow.unsafe.imports_passed_through():
         FinalizeInput,
         PauseRequest,
         ValidateInput,
+    )
+    from backfill.storage_waits import (
+        INITIAL_INTERVAL_SECONDS,
+        MAX_INTERVAL_SECONDS,
+        store_failure,
+        store_wait_seconds,
     )
     from workflows import line_activity, patches, run_length, webhooks
     from workflows.alarm import Alarm
@@ -127,20 +135,27 @@ class BatchWorkflow:
         return self._b.backfill.paused or self._ending or self._draining
 
     async def _validate(self, input: BatchInput) -> None:
-        out = await self._cancellation.through(
-            workflow.start_activity_method(
-                ValidationActivities.validate_input,
-                ValidateInput(
-                    batch_id=input.batch_id,
-                    input_file_id=input.input_file_id,
-                    endpoint=input.endpoint,
-                    allowed_models=input.allowed_models,
-                ),
-                start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(maximum_attempts=3),
+        waits = workflow.patched(patches.STORE_OUTAGE_WAITS)
+        try:
+            out = await self._cancellation.through(
+                workflow.start_activity_method(
+                    ValidationActivities.validate_input,
+                    ValidateInput(
+                        batch_id=input.batch_id,
+                        input_file_id=input.input_file_id,
+                        endpoint=input.endpoint,
+                        allowed_models=input.allowed_models,
+                    ),
+                    start_to_close_timeout=timedelta(minutes=30),
+                    heartbeat_timeout=timedelta(seconds=60),
+                    **self._store_retries(waits, old_attempts=3),
+                )
             )
-        )
+        except ActivityError as err:
+            if not waits or is_cancelled_exception(err):
+                raise
+            self._fail_on_store("validation", err)
+            return
         now = _now()
         if out.errors:  # rejected input fails the batch, even if a cancel came meanwhile
             self._b.errors = BatchErrors(data=out.errors)
@@ -327,21 +342,32 @@ class BatchWorkflow:
             reason = "completed"
             transition(self._b, "finalizing", _now())
             self._view.set_status(self._b)
-        out = await self._cancellation.through(
-            workflow.start_activity_method(
-                FinalizeActivities.finalize_batch,
-                FinalizeInput(
-                    batch_id=self._b.id,
-                    workspace=self._input.workspace,
-                    input_file_id=self._b.input_file_id,
-                    reason=reason,
-                    output_expires_after_seconds=self._input.output_expires_after_seconds,
-                ),
-                start_to_close_timeout=timedelta(hours=1),
-                heartbeat_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(maximum_attempts=5),
+        waits = workflow.patched(patches.STORE_OUTAGE_WAITS)
+        try:
+            out = await self._cancellation.through(
+                workflow.start_activity_method(
+                    FinalizeActivities.finalize_batch,
+                    FinalizeInput(
+                        batch_id=self._b.id,
+                        workspace=self._input.workspace,
+                        input_file_id=self._b.input_file_id,
+                        reason=reason,
+                        output_expires_after_seconds=self._input.output_expires_after_seconds,
+                    ),
+                    start_to_close_timeout=timedelta(hours=1),
+                    heartbeat_timeout=timedelta(seconds=60),
+                    **self._store_retries(waits, old_attempts=5),
+                )
             )
-        )
+        except ActivityError as err:
+            if not waits or is_cancelled_exception(err):
+                raise
+            self._fail_on_store("finalizing", err)
+            self._update_summary()
+            self._view.show_details(self._b)
+            await self._announce()
+            await self._cancellation.wait(workflow.all_handlers_finished)
+            return
         b = self._b
         b.output_file_id = out.output_file_id
         b.error_file_id = out.error_file_id
@@ -360,6 +386,35 @@ class BatchWorkflow:
         self._view.set_status(b)
         await self._announce()
         await self._cancellation.wait(workflow.all_handlers_finished)
+
+    # ---- the file store's outages (backfill.storage_waits, docs/decisions/0047) ----
+    def _store_retries(self, waits: bool, old_attempts: int) -> dict[str, Any]:
+        """The retry options of validation and finalizing: until the batch's deadline, at most
+        `MAX_INTERVAL_SECONDS` apart (`patches.STORE_OUTAGE_WAITS`); else the old attempts."""
+        if not waits:
+            return {"retry_policy": RetryPolicy(maximum_attempts=old_attempts)}
+        wait_s = store_wait_seconds(_now(), self._b.expires_at)
+        return {
+            "schedule_to_close_timeout": timedelta(seconds=wait_s),
+            "retry_policy": RetryPolicy(
+                initial_interval=timedelta(seconds=INITIAL_INTERVAL_SECONDS),
+                backoff_coefficient=2.0,
+                maximum_interval=timedelta(seconds=MAX_INTERVAL_SECONDS),
+                maximum_attempts=0,
+            ),
+        }
+
+    def _fail_on_store(self, step: str, err: ActivityError) -> None:
+        """Validation or finalizing failed for good: the batch ends `failed`, saying why."""
+        cause = err.cause
+        error_type = cause.type if isinstance(cause, ApplicationError) else None
+        waited_out = isinstance(cause, ActivityTimeout)
+        workflow.logger.warning("%s of %s failed for good: %s", step, self._b.id, cause)
+        self._b.errors = BatchErrors(
+            data=[store_failure(step, waited_out=waited_out, error_type=error_type)]
+        )
+        transition(self._b, "failed", _now())
+        self._view.set_status(self._b)
 
     async def _announce(self) -> None:
         """The terminal status's webhook event, delivered apart from the batch

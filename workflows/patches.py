@@ -93,6 +93,18 @@ only from 14:42 to its revert on 2026-12-02) that also reported when the mean li
 a quarter. Whether it scheduled a report then depended on the times the activations saw, and a
 replay on another worker failed with a nondeterminism error (docs/decisions/0038)."""
 
+STORE_OUTAGE_WAITS = "store-outage-waits"
+"""Validation and finalizing wait out an unavailable file store until the batch's deadline
+(`backfill.storage_waits`: retried at most 30 s apart, for at least 24 h), and a batch whose
+validation or finalizing fails for good (the deadline passed, or an error waiting cannot mend)
+ends `failed` with a `store_unavailable` / `store_error` error, its webhook event sent, instead
+of its run failing; its stored work is left to the retention pass
+(`activities.retention.drop_ended_work`, docs/decisions/0047). Asked where either activity is
+scheduled.
+Old branch: 3 attempts of validation and 5 of finalizing with Temporal's default back-off
+(~15 s), then the run failed (the api read a failed run as `failed`, without files). History:
+`batch_store_failed.v1` (new); every older one replays the old branch."""
+
 LINES_PER_RUN = 2_000
 """The old branch of `CONTINUE_AS_NEW_BY_HISTORY`: runs from before it continued as new after
 this many lines finished in one run. Kept only so they replay."""

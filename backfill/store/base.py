@@ -419,6 +419,14 @@ class Store(ABC):
         record; batches not finalized keep everything. Returns how many batches had some.
         Run by the retention pass."""
 
+    @abstractmethod
+    def unfinalized_batches(self) -> list[str]:
+        """Ids of the batches that have work stored (a pinned input, an index, results,
+        partial answers) and no finalized record: running batches, and batches that ended
+        without finalizing (input rejected, the store unavailable until the deadline,
+        terminated), whose work the retention pass drops once their workflow is closed
+        (`activities.retention`). In no order."""
+
     # ---- batches: per-line results --------------------------------------------------------------
     @abstractmethod
     def commit_result(self, batch_id: str, line_no: int, record: bytes) -> tuple[bytes, bool]:

@@ -317,6 +317,16 @@ class FileStore(Store):
                     dropped += 1
         return dropped
 
+    def unfinalized_batches(self) -> list[str]:
+        found = []
+        with os.scandir(self._batches) as batches:
+            for entry in batches:
+                if entry.is_dir() and is_batch_id(entry.name):
+                    names = os.listdir(entry.path)
+                    if names and FINALIZED not in names:
+                        found.append(entry.name)
+        return found
+
     def get_result(self, batch_id: str, line_no: int) -> bytes | None:
         try:
             return self._result_path(batch_id, line_no).read_bytes()

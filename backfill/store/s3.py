@@ -406,19 +406,16 @@ class S3Store(S3Objects, Store):
             for cache_key in [k for k in self._blocks if k[0] == batch_id]:
                 del self._blocks[cache_key]
 
-    def drop_finalized_leftovers(self) -> int:
+    def _walk_batches(self) -> Iterator[tuple[str, str, bool]]:
         """One listing of `batches/` in key order, where a batch's `finalized.json` comes
         before its other keys (`index.json`, `input.jsonl`, `lengths.bin`, `offsets.bin`,
-        `results/`, `route-<n>.bin` all sort after it): the keys after it are leftovers,
-        deleted 1,000 a call. A batch whose first key is another is not finalized, and the
-        listing skips its keys (it starts again after `<batch id>0`: no character sorts
-        between `/` and `0`), so a running batch's results cost one listing, not one a
-        thousand keys."""
+        `partials/`, `results/`, `route-<n>.bin` all sort after it): (batch id, key, finalized)
+        for every key of a finalized batch, and for the first key only of a batch that is not
+        (the listing then starts again after `<batch id>0`: no character sorts between `/` and
+        `0`), so a running batch's results cost one listing, not one a thousand keys."""
         base = f"{self.prefix}batches/"
         after = ""
         current, finalized = "", False
-        leftovers: list[str] = []
-        swept: set[str] = set()
         while True:
             start = {"StartAfter": after} if after else {}
             page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=base, **start)
@@ -429,26 +426,38 @@ class S3Store(S3Objects, Store):
                 batch_id, _, name = key[len(base) :].partition("/")
                 if batch_id != current:
                     current, finalized = batch_id, name == FINALIZED
-                    if not finalized:
-                        skip_to = f"{base}{batch_id}0"
-                        break
-                elif finalized:
-                    leftovers.append(key)
-                    swept.add(batch_id)
+                yield batch_id, key, finalized
+                if not finalized:
+                    skip_to = f"{base}{batch_id}0"
+                    break
             if skip_to is not None:
                 after = skip_to
             elif contents and page.get("IsTruncated"):
                 after = contents[-1]["Key"]
             else:
-                break
-            if len(leftovers) >= 1000:
-                self._delete_keys(leftovers)
-                leftovers = []
+                return
+
+    def drop_finalized_leftovers(self) -> int:
+        """The keys after a finalized batch's `finalized.json` (`_walk_batches`) are leftovers,
+        deleted 1,000 a call."""
+        leftovers: list[str] = []
+        swept: set[str] = set()
+        for batch_id, key, finalized in self._walk_batches():
+            if finalized and not key.endswith(f"/{FINALIZED}"):
+                leftovers.append(key)
+                swept.add(batch_id)
+                if len(leftovers) >= 1000:
+                    self._delete_keys(leftovers)
+                    leftovers = []
         self._delete_keys(leftovers)
         with self._lock:
             for cache_key in [k for k in self._blocks if k[0] in swept]:
                 del self._blocks[cache_key]
         return len(swept)
+
+    def unfinalized_batches(self) -> list[str]:
+        """A batch whose first key is not `finalized.json` has none (`_walk_batches`)."""
+        return [b for b, _, finalized in self._walk_batches() if not finalized and is_batch_id(b)]
 
     # ---- batches: per-line results --------------------------------------------------------------
     def _result_key(self, batch_id: str, line_no: int) -> str:

@@ -80,7 +80,7 @@ def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", "rules.yml", cwd=PROMETHEUS)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
 
 
 def test_promtool_test_rules() -> None:

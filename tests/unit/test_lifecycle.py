@@ -59,10 +59,12 @@ def test_the_table_is_the_documented_lifecycle() -> None:
         ("in_progress", "finalizing"),
         ("in_progress", "cancelling"),
         ("in_progress", "expired"),
+        ("in_progress", "failed"),  # an expired batch's files could not be assembled
         ("cancelling", "cancelled"),
         ("cancelling", "failed"),
         ("cancelling", "expired"),
         ("finalizing", "completed"),
+        ("finalizing", "failed"),  # the store stayed unavailable until the deadline
     }
 
 

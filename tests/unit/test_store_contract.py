@@ -5,6 +5,7 @@ pass all of it. What only one store does is tested in test_store_local.py and te
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.retention import RetentionActivities
+from activities.retention import RetentionActivities, drop_ended_work
+from backfill.ids import new_batch_id
 from backfill.store import (
     ABANDONED_UPLOAD_SECONDS,
     BatchFinalized,
@@ -378,3 +380,36 @@ def test_a_line_committed_after_its_batch_was_finalized_is_not_kept(store: Store
         assert store.keys(f"batches/{batch_id}/") == keys
         assert store.get_result(batch_id, 1) == b"ran"
     assert store.drop_finalized_leftovers() == 0
+
+
+def test_the_work_of_a_batch_that_ended_without_finalizing_is_dropped(store: Store) -> None:
+    """A batch that never finalized (its store was unavailable until its deadline, its input was
+    rejected, it was terminated) leaves its pinned input, index, results and partial answers:
+    the retention pass drops them once Temporal says its workflow is closed, and only then."""
+    lines = [b'{"n": 0}', b'{"n": 1}']
+    long_ago, running, finalized = (new_batch_id(1_000_000) for _ in range(3))  # in 1970
+    young = new_batch_id()
+    for batch_id in (long_ago, running, young, finalized):
+        indexed_batch(store, batch_id, lines)
+        store.commit_result(batch_id, 0, b"ran")
+        store.put_partial(batch_id, 1, b"half")
+    store.write_finalized(finalized, b"{}")
+    store.drop_batch_work(finalized)
+    assert sorted(store.unfinalized_batches()) == sorted([long_ago, running, young])
+
+    asked: list[str] = []
+
+    async def closed(batch_id: str) -> bool:
+        asked.append(batch_id)
+        return batch_id != running
+
+    now = int(time.time())
+    assert asyncio.run(drop_ended_work(store, closed, now)) == 1
+    assert sorted(asked) == sorted([long_ago, running])  # the young one is not asked about
+    assert store.keys(f"batches/{long_ago}/") == []
+    assert store.get_partial(long_ago, 1) is None
+    for batch_id in (running, young):
+        assert store.get_result(batch_id, 0) == b"ran"
+        assert store.get_partial(batch_id, 1) == b"half"
+    assert sorted(store.unfinalized_batches()) == sorted([running, young])
+    assert store.keys(f"batches/{finalized}/") == [f"batches/{finalized}/finalized.json"]

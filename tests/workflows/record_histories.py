@@ -623,6 +623,24 @@ def deadline() -> None:
     )
 
 
+def store_failed() -> None:
+    """From the time-skipping test of a permanent store error at finalizing (patch
+    store-outage-waits), which saves it when BACKFILL_RECORD_HISTORIES is set."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "tests/workflows/test_store_outage.py",
+            "-k",
+            "cannot_mend",
+        ],
+        check=True,
+        env={**os.environ, "BACKFILL_RECORD_HISTORIES": history_path("batch_store_failed").name},
+    )
+
+
 SCENARIOS = [
     *ONE_STACK,
     "batch_continue_as_new_chain",
@@ -630,6 +648,7 @@ SCENARIOS = [
     "batch_held_at_door",
     "route_scheduler_held_back",
     "route_scheduler_deadline",
+    "batch_store_failed",
 ]
 
 
@@ -652,6 +671,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(held_back())
     if "route_scheduler_deadline" in wanted:
         deadline()
+    if "batch_store_failed" in wanted:
+        store_failed()
 
 
 if __name__ == "__main__":

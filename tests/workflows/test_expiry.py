@@ -123,10 +123,14 @@ async def time_skipping_env() -> WorkflowEnvironment:
 
 @contextlib.asynccontextmanager
 async def harness_worker(
-    h: Harness, run_line: Callable[..., Any], workflows: Sequence[type] = ()
+    h: Harness,
+    run_line: Callable[..., Any],
+    workflows: Sequence[type] = (),
+    finalize_batch: Callable[..., Any] | None = None,
 ) -> AsyncIterator[Worker]:
     """A worker on the harness's task queue: the real workflows and activities, with
-    `run_line` in place of the line activity (registered by name)."""
+    `run_line` in place of the line activity (registered by name), and `finalize_batch` in
+    place of finalizing's when given."""
     control = ControlActivities(h.settings, h.client)
     async with Worker(
         h.client,
@@ -135,7 +139,7 @@ async def harness_worker(
         activities=[
             ValidationActivities(h.settings, h.store).validate_input,
             run_line,
-            FinalizeActivities(h.store).finalize_batch,
+            finalize_batch or FinalizeActivities(h.store).finalize_batch,
             control.report_demand,
             control.find_closed_batches,
             # a batch's end announces its webhook event: no endpoint here, nothing is started

@@ -66,6 +66,9 @@ def test_histories_exist() -> None:
         "route_scheduler_deadline.v1",
         # a worker started with a changed settings table for the route (patch configured-settings)
         "route_scheduler_configured.v1",
+        # finalizing failed on the store for good: the batch ends failed, the run completes
+        # (patch store-outage-waits)
+        "batch_store_failed.v1",
     } <= names
 
 
