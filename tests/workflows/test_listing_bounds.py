@@ -66,7 +66,7 @@ async def test_pages_read_about_a_page_each(
     workspace = f"list-{uuid.uuid4().hex[:8]}"
     queue = f"tq-list-{workspace}"  # no worker: the batches just stay running
     newest = int(time.time()) - 60
-    # Ids as the api issues them (letters and digits after `batch_`): a listing's `after` must be one.
+    # Ids as the api issues them (letters and digits after `batch_`), as `after` must be.
     tag = workspace.removeprefix("list-")
     made = [(newest - (N - 1 - i) * SPACING, f"batch_list{tag}{i:04d}") for i in range(N)]
 
