@@ -162,8 +162,9 @@ async def test_cancel_while_validating(make_stack: MakeStack, temporal_client: C
 async def test_a_failed_workflow_is_reported_failed(
     shared_stack: Stack, temporal_client: Client
 ) -> None:
-    """A batch workflow that fails (here: its pinned input is missing, so validation fails
-    three times and the workflow raises) reads as `failed`, not as running forever."""
+    """A batch whose validation cannot read its pinned input (missing: a permanent store error,
+    not an outage to wait out) reads as `failed` with `store_error`, and its workflow run ends
+    (completed, the batch failed: decision 0047), not running forever."""
     stack = shared_stack
     ws = stack.workspaces["alpha"]
     batch_id = new_batch_id(int(time.time() * 1000))
@@ -197,7 +198,14 @@ async def test_a_failed_workflow_is_reported_failed(
         interval=0.5,
     )
     assert b.status == "failed" and b.failed_at, b
-    desc = await temporal_client.get_workflow_handle(batch_id).describe()
-    assert desc.status is not None and desc.status.name == "FAILED", desc.status
+    assert b.errors and [e.code for e in b.errors.data or []] == ["store_error"], b.errors
+    desc = await poll_until(
+        temporal_client.get_workflow_handle(batch_id).describe,
+        lambda d: d.status is not None and d.status.name != "RUNNING",
+        timeout=60,
+        what=f"the failed batch {batch_id}'s workflow to close",
+        interval=0.5,
+    )
+    assert desc.status is not None and desc.status.name == "COMPLETED", desc.status
     listed = [x async for x in stack.client().batches.list(limit=10)]
     assert [(x.id, x.status) for x in listed if x.id == batch_id] == [(batch_id, "failed")]
