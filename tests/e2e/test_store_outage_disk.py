@@ -1,4 +1,4 @@
-"""Finalizing waits out the local store's disk full for a minute (tests/e2e/outage.py): the
+"""Finalizing waits out the local store's disk full for 25 s (tests/e2e/outage.py): the
 data directory is a 32 MiB tmpfs (root only; skipped otherwise, and on an S3 run), filled with
 zeros until ENOSPC, then freed."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.outage import finalize_through, outage_stack
+from tests.e2e.outage import SHORT_OUTAGE_SECONDS, finalize_through, outage_stack
 
 
 def _mount_tmpfs(path: Path, size: str) -> None:
@@ -64,6 +64,6 @@ async def test_finalizing_waits_out_a_full_disk(tmp_path: Path, dev_server: Any)
             async def freed() -> None:
                 filler.unlink()
 
-            await finalize_through(stack, full, freed)
+            await finalize_through(stack, full, freed, hold=SHORT_OUTAGE_SECONDS)
     finally:
         await asyncio.to_thread(subprocess.run, ["umount", "-l", str(data)], check=False)
