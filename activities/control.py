@@ -1,6 +1,6 @@
 """Activities that talk to Temporal itself: register demand with a route's scheduler
-(signal-with-start, so the scheduler starts lazily; `backfill.schedulers`) and find batches that
-closed while holding slots (reconciliation)."""
+(signal-with-start, so the scheduler starts lazily; `backfill.routes.scheduler_client`) and find
+batches that closed while holding slots (reconciliation)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill.config import Settings
-from backfill.messages import (
+from backfill.platform.config import Settings
+from backfill.platform.messages import (
     ClosedBatchesInput,
     ClosedBatchesOutput,
     DemandInput,
 )
-from backfill.schedulers import signal_demand
+from backfill.routes.scheduler_client import signal_demand
 
 
 class ControlActivities:

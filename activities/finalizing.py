@@ -5,7 +5,7 @@ Its counts and usage are the batch's final `request_counts` and `usage`: the com
 are the one source of truth (one record per line, first writer wins), so a line committed by a
 worker that died, or cancelled with the workflow, counts as what it committed, once. The batch
 workflow's running tallies only show progress until then, and are replaced by these
-(`BatchWorkflow._finish`, `backfill.lifecycle.tally_line`)."""
+(`BatchWorkflow._finish`, `backfill.batches.lifecycle.tally_line`)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.store_waits import through_outages
-from backfill.messages import RECORD_STRIDE, FinalizedFiles, FinalizeInput, FinalizeOutput
-from backfill.records import (
+from backfill.batches.records import (
     END_MESSAGES,
     custom_id_of,
     error_record_bytes,
     one_line,
     outcome_from_record,
 )
-from backfill.store import Store, Upload
+from backfill.files import Store, Upload
+from backfill.platform.messages import RECORD_STRIDE, FinalizedFiles, FinalizeInput, FinalizeOutput
 
 _OUTPUT_FIELDS = set(FinalizeOutput.model_fields)
 """The activity's result is `FinalizeOutput` (in the workflow's history); the offsets stay in

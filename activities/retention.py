@@ -22,9 +22,9 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill.ids import batch_created_ms
-from backfill.messages import CleanupInput, CleanupOutput
-from backfill.store import ABANDONED_UPLOAD_SECONDS, Store, has_expired
+from backfill.files import ABANDONED_UPLOAD_SECONDS, Store, has_expired
+from backfill.platform.ids import batch_created_ms
+from backfill.platform.messages import CleanupInput, CleanupOutput
 
 log = logging.getLogger(__name__)
 

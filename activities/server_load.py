@@ -1,5 +1,5 @@
 """The server-load activity: a route's watcher of its model server's `/metrics` (decision 0011),
-around the process's one `backfill.load_reader.ServerLoadReader`."""
+around the process's one `backfill.upstream.load_reader.ServerLoadReader`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from backfill import refs
-from backfill.gates.server_load import WatchLoadInput, judge
-from backfill.ids import scheduler_workflow_id
-from backfill.load_reader import ServerLoadReader, export_reading
+from backfill.platform import refs
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.routes.gates.server_load import WatchLoadInput, judge
+from backfill.upstream.load_reader import ServerLoadReader, export_reading
 
 WATCH_EVERY = 5.0
 """Seconds between readings while a route's scheduler watches (a reading is reused 5 s)."""

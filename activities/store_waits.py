@@ -1,7 +1,8 @@
 """Validation and finalizing through a storage outage: an attempt that failed because the file
-store is unavailable (`backfill.store.outage`) is raised as a retryable `StoreUnavailable`, which
+store is unavailable (`backfill.files.outage`) is raised as a retryable `StoreUnavailable`, which
 the batch workflow's retry policy tries again until the batch's deadline
-(`backfill.storage_waits`); any other error is raised non-retryable at once, typed by its class.
+(`backfill.batches.storage_waits`); any other error is raised non-retryable at once, typed by its
+class.
 
 Each worker counts the batches it saw waiting (`gateway_batches_waiting_on_store`, the
 `BackfillStoreUnavailable` alert): a batch counts from its attempt that failed until one
@@ -19,9 +20,9 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from backfill import metrics
-from backfill.storage_waits import MAX_INTERVAL_SECONDS, STORE_UNAVAILABLE
-from backfill.store.outage import store_unavailable
+from backfill.batches.storage_waits import MAX_INTERVAL_SECONDS, STORE_UNAVAILABLE
+from backfill.files.outage import store_unavailable
+from backfill.platform import metrics
 
 T = TypeVar("T")
 

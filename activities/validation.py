@@ -7,12 +7,12 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.store_waits import through_outages
-from backfill.config import Settings
-from backfill.input_rules import validate_input as validate_lines
-from backfill.lanes import RouteAssignment
-from backfill.messages import ValidateInput, ValidateOutput
-from backfill.prefix_order import reorder
-from backfill.store import RouteLines, Store
+from backfill.batches.input_rules import validate_input as validate_lines
+from backfill.batches.lanes import RouteAssignment
+from backfill.batches.prefix_order import reorder
+from backfill.files import RouteLines, Store
+from backfill.platform.config import Settings
+from backfill.platform.messages import ValidateInput, ValidateOutput
 
 
 class ValidationActivities:

@@ -4,9 +4,9 @@ environment, at each attempt: never an input, an output or a log line.
 
 A delivery attempt is one POST with no retry (the workflow retries, on its schedule): the URL's
 host is resolved once and every address checked against the destination policy
-(`backfill.webhooks.refusal`), then the connection goes only to the addresses that passed
-(pinned with `backfill.load_reader.PinnedBackend`, TLS still verifying the host name), with no
-redirect followed, no proxy, a deadline of `timeout_seconds` for the whole attempt, and at most
+(`backfill.webhooks.events.refusal`), then the connection goes only to the addresses that passed
+(pinned with `backfill.upstream.load_reader.PinnedBackend`, TLS still verifying the host name), with
+no redirect followed, no proxy, a deadline of `timeout_seconds` for the whole attempt, and at most
 `MAX_RESPONSE_BYTES` of the answer read.
 """
 
@@ -29,12 +29,12 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from backfill import refs
-from backfill import search_attributes as sa
-from backfill.config import Settings, configured_endpoints
-from backfill.load_reader import PinnedBackend, Resolver, resolve_host
-from backfill.webhook_reads import endpoints_made
-from backfill.webhooks import (
+from backfill.batches import search_attributes as sa
+from backfill.platform import refs
+from backfill.platform.config import Settings, configured_endpoints
+from backfill.upstream.load_reader import PinnedBackend, Resolver, resolve_host
+from backfill.webhooks.endpoint_reads import endpoints_made
+from backfill.webhooks.events import (
     AnnounceInput,
     AnnounceOutput,
     AttemptInput,

@@ -12,39 +12,36 @@ import httpx
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import (
-    admin,
-    admin_batches,
-    admin_jobs,
-    admin_usage,
-    batches,
-    console,
-    errors,
-    files,
-    health,
-    jobs,
-    proxy,
-    webhooks,
-)
-from api import results as partial_results
+from api import console, errors, health
+from api.batches import batches_api as batches
+from api.batches import results as partial_results
 from api.console.sampler import RouteSampler
-from api.live_limits import LiveLimits
-from api.live_relay import RelayBudget
-from api.live_reporter import LiveReporter
-from api.live_traffic import LiveTraffic
+from api.files import files_api as files
+from api.jobs import jobs_api as jobs
+from api.live import proxy
+from api.live.limits import LiveLimits
+from api.live.relay import RelayBudget
+from api.live.reporter import LiveReporter
+from api.live.traffic import LiveTraffic
 from api.middleware import UPLOAD_FORM_OVERHEAD, BodyLimit, BodyRule, CatchAll
-from api.preempt_push import PreemptSender
+from api.platform_admin import batches as admin_batches
+from api.platform_admin import jobs as admin_jobs
+from api.preemption.push import PreemptSender
 from api.request_id import RequestIdMiddleware
 from api.request_spans import RequestSpans
-from api.route_poller import RoutePoller
+from api.routes import routes_api as admin
+from api.routes.poller import RoutePoller
 from api.temporal_link import RETRY, BoundedRPCs, TemporalLink
-from backfill import endpoints, tracing
-from backfill.byte_budget import ByteBudget
-from backfill.config import Settings
-from backfill.preempt_peers import parse_networks
-from backfill.store import CHUNK_BYTES, open_store
-from backfill.temporal_client import connect
-from backfill.usage import UsageJournal
+from api.usage import usage_api as admin_usage
+from api.webhooks import webhooks_api as webhooks
+from backfill.files import CHUNK_BYTES, open_store
+from backfill.platform import tracing
+from backfill.platform.config import Settings
+from backfill.platform.temporal_client import connect
+from backfill.preemption.peers import parse_networks
+from backfill.tenancy.byte_budget import ByteBudget
+from backfill.upstream import endpoints
+from backfill.usage.journal import UsageJournal
 
 UPSTREAM_LIMITS = httpx.Limits(
     max_connections=1024, max_keepalive_connections=128, keepalive_expiry=2.0

@@ -1,7 +1,7 @@
 """Answers the api builds whole in memory (a results page, a job's output) or streams (a file's
 content, a chunk at a time), held against the process's buffer budget
 (`Settings.api_buffer_bytes`, the one request bodies draw on; a share per workspace:
-`backfill.byte_budget`) from before they are built until their last byte is sent.
+`backfill.tenancy.byte_budget`) from before they are built until their last byte is sent.
 
 One that does not fit is answered 503 `gateway_busy` with `Retry-After`, as a body that does not
 fit is (`api.middleware.BodyLimit`).
@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import RetryLater
 from api.middleware import BUSY_RETRY_AFTER
-from backfill.byte_budget import ByteBudget, Claim
+from backfill.tenancy.byte_budget import ByteBudget, Claim
 
 
 def busy() -> RetryLater:

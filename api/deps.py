@@ -10,10 +10,10 @@ from fastapi import Depends, Request
 from temporalio.client import Client
 
 from api.errors import Forbidden, Unauthorized
-from backfill import tracing
-from backfill.byte_budget import ByteBudget
-from backfill.config import ApiKeyConfig, Role, Settings
-from backfill.store import Store
+from backfill.files import Store
+from backfill.platform import tracing
+from backfill.platform.config import ApiKeyConfig, Role, Settings
+from backfill.tenancy.byte_budget import ByteBudget
 
 
 @dataclass(frozen=True)

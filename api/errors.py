@@ -17,7 +17,7 @@ from temporalio.client import RPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.schemas import ErrorDetail, ErrorResponse
-from backfill import search_attributes as sa
+from backfill.batches import search_attributes as sa
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ A listing's `after` is an id the api issued (the `last_id` of the previous page)
 on the batch and job listings, a file id on the file listings. Anything else (another kind of
 id, control characters, a value longer than any id) is a 400 naming `param: after`, before
 the value can reach a visibility query or the store. The results pages' cursor is their own
-(`api.results.Cursor`).
+(`api.batches.results.Cursor`).
 
 A filter's value that goes into a visibility query (an admin listing's `workspace`, `model`)
 holds no control character and is at most `MAX_FILTER_CHARS` long: Temporal's SQL visibility
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from api.errors import InvalidRequest
-from backfill.ids import is_batch_id, is_file_id
+from backfill.platform.ids import is_batch_id, is_file_id
 
 Kind = Literal["batch", "file"]
 _CHECKS: dict[Kind, Callable[[str], bool]] = {"batch": is_batch_id, "file": is_file_id}

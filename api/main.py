@@ -15,10 +15,10 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp
 
 from api.app import create_app
-from api.connection_cut import CuttableH11Protocol
+from api.live.connection_cut import CuttableH11Protocol
 from api.middleware import HstsOverHttps
-from backfill import tracing
-from backfill.config import Settings, check_exposure, warn_missing_upstream_keys
+from backfill.platform import tracing
+from backfill.platform.config import Settings, check_exposure, warn_missing_upstream_keys
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def server_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
         limit_concurrency=settings.api_max_concurrency,
         timeout_keep_alive=settings.api_keepalive_seconds,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-        http=CuttableH11Protocol,  # a stalled live client can be cut (api.connection_cut)
+        http=CuttableH11Protocol,  # a stalled live client can be cut (api.live.connection_cut)
         # BACKFILL_LOG_LEVEL (configured on the root logger by the CLI) for uvicorn's loggers too.
         log_level=logging.getLogger().getEffectiveLevel(),
         access_log=False,

@@ -9,8 +9,8 @@
   and the upload parser (which also bounds the parts, their headers and fields while
   streaming) answers 413. A body it lets through (for an upload, what the upload holds while it
   streams) is held against the process's buffer budget (`Settings.api_buffer_bytes`, a share
-  per workspace: `backfill.byte_budget`) until the request is answered; one that does not fit
-  is answered 503 `gateway_busy` with `Retry-After` before it is read.
+  per workspace: `backfill.tenancy.byte_budget`) until the request is answered; one that does not
+  fit is answered 503 `gateway_busy` with `Retry-After` before it is read.
 - `CatchAll`: an unexpected exception is answered 500 in the envelope, and the connection stays
   usable. (Starlette's server-error middleware re-raises after sending its 500, and uvicorn then
   drops the connection: the client's next request on it would be reset.)
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from backfill.byte_budget import ByteBudget, Claim
+from backfill.tenancy.byte_budget import ByteBudget, Claim
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A server span for every api request, when tracing is on (`backfill.tracing`).
+"""A server span for every api request, when tracing is on (`backfill.platform.tracing`).
 
 A pure ASGI middleware inside `RequestIdMiddleware`: the span continues a caller's W3C
 `traceparent`, is named after the matched route (`POST /v1/batches`,
@@ -14,7 +14,7 @@ from __future__ import annotations
 from opentelemetry import propagate, trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from backfill import tracing
+from backfill.platform import tracing
 
 UNTRACED = ("/metrics", "/healthz", "/readyz", "/console/static/")
 PATH_IDS = {"batch_id": tracing.BATCH_ID, "job_id": tracing.JOB_ID, "file_id": tracing.FILE_ID}

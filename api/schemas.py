@@ -2,7 +2,7 @@
 
 Responses keep OpenAI's wire shape: every field is always sent, `null` where OpenAI sends `null`
 (never `response_model_exclude_none`), so the `openai` SDK parses them as it parses OpenAI's.
-The Batch object itself is `backfill.batches.Batch`, shared with the workflows that build it.
+The Batch object itself is `backfill.batches.batch.Batch`, shared with the workflows that build it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from backfill.batches import Batch, CompletionWindow, Endpoint
-from backfill.jobs import Job
-from backfill.route_settings import RouteSettings, SettingSource
-from backfill.route_status import RouteState
-from backfill.store import FileObject as StoredFile
+from backfill.batches.batch import Batch, CompletionWindow, Endpoint
+from backfill.batches.jobs import Job
+from backfill.files import FileObject as StoredFile
+from backfill.routes.settings import RouteSettings, SettingSource
+from backfill.routes.status import RouteState
 
 MAX_METADATA_PAIRS = 16
 
@@ -162,7 +162,7 @@ UPLOAD_BODY: dict[str, Any] = {
         },
     }
 }
-"""`POST /v1/files`'s body, streamed by `api.upload` rather than declared as parameters."""
+"""`POST /v1/files`'s body, streamed by `api.files.upload` rather than declared as parameters."""
 
 
 # ---- batches -----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ ABLATIONS = ("heartbeat", "fsync", "http")
 
 
 class _OsWithoutFsync:
-    """`os` for backfill.store.local, with fsync a no-op."""
+    """`os` for backfill.files.local, with fsync a no-op."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -46,9 +46,9 @@ async def _canned_send(
     self: Any, route: Any, input: Any, request: dict[str, Any], line_no: int, rid: str
 ) -> Any:
     """`LineActivities._send` without the HTTP request: the simulator's answer, built the way
-    `_send` builds a real one (`activities.line_answers.http_answer`), after the simulator's latency
-    (`CANNED_LATENCY_S`), so lines still take as long as with the upstream."""
-    from activities.line_answers import http_answer
+    `_send` builds a real one (`activities.lines.answers.http_answer`), after the simulator's
+    latency (`CANNED_LATENCY_S`), so lines still take as long as with the upstream."""
+    from activities.lines.answers import http_answer
 
     if CANNED_LATENCY_S:
         await asyncio.sleep(CANNED_LATENCY_S)
@@ -77,8 +77,8 @@ CANNED_LATENCY_S = 0.0
 def ablated(names: list[str], latency_s: float = 0.0) -> Iterator[None]:
     """Apply the named ablations for the duration of the block, then restore everything.
     `latency_s`: how long the canned answer of `http` waits (the simulator's latency)."""
-    import activities.lines as lines_mod
-    import backfill.store.local as store_mod
+    import activities.lines.run_line as lines_mod
+    import backfill.files.local as store_mod
 
     unknown = set(names) - set(ABLATIONS)
     if unknown:

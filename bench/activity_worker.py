@@ -21,7 +21,7 @@ from typing import get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backfill.config import Settings, WorkerRole  # noqa: E402
+from backfill.platform.config import Settings, WorkerRole  # noqa: E402
 from bench.ablate import ablated  # noqa: E402
 from tools.dev.devserver import connect_client  # noqa: E402
 from worker.lag import measuring  # noqa: E402

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from backfill.ids import scheduler_workflow_id
+from backfill.platform.ids import scheduler_workflow_id
 from tests.e2e.stack import Stack, auth, submit
 from tools.dev.devserver import DevServer, connect_client
 from tools.dev.procs import Child, backfill_argv, free_port

@@ -1,6 +1,6 @@
 """Line order for the prefix cache, on a model of a model server's prefix cache (issue 41,
 item 3): tokens prefilled per line and batch throughput, lines started in prefix order
-(`backfill.prefix_order`, the order validation writes) against the file's order.
+(`backfill.batches.prefix_order`, the order validation writes) against the file's order.
 
 The workload: `docs` documents of `doc_tokens` tokens behind one system prompt of
 `system_tokens`, each document asked `questions` questions (`question_tokens` each), answers of
@@ -29,7 +29,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from backfill.prefix_order import order, prefix_key, prompt_text
+from backfill.batches.prefix_order import order, prefix_key, prompt_text
 
 BLOCK_TOKENS = 16
 CHARS_PER_TOKEN = 4

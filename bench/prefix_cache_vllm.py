@@ -1,6 +1,6 @@
 """Line order for the prefix cache on a real vLLM (issue 41, item 3): the same lines started in
-the file's order and in prefix order (`backfill.prefix_order.order`, what validation writes as
-the route's line list), `seats` at a time with the next one started as one ends (how a batch
+the file's order and in prefix order (`backfill.batches.prefix_order.order`, what validation writes
+as the route's line list), `seats` at a time with the next one started as one ends (how a batch
 starts its route's list within its allotment), straight to vLLM. vLLM's own counters say what
 its prefix cache served: `vllm:prefix_cache_queries_total` (prompt tokens looked up) and
 `vllm:prefix_cache_hits_total` (found), so tokens prefilled = queries - hits.
@@ -28,7 +28,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.prefix_order import order, prefix_key, prompt_text
+from backfill.batches.prefix_order import order, prefix_key, prompt_text
 from bench.common import dev_server
 from bench.prefix_cache import words
 from tests.e2e.stack import wait_terminal

@@ -180,7 +180,7 @@ class Backfill:
         self.stack, self.cfg, self.batch_id = stack, cfg, ""
 
     async def start(self) -> None:
-        from api.preempt_push import POLICY_TTL
+        from api.preemption.push import POLICY_TTL
         from tests.e2e.stack import auth
 
         settings = json.loads(SETTINGS.read_text())

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` fro
 
 from temporalio.testing import ActivityEnvironment  # noqa: E402
 
-from activities.lines import LineActivities  # noqa: E402
-from backfill.config import ModelConfig, RouteConfig, Settings  # noqa: E402
-from backfill.ids import new_batch_id  # noqa: E402
-from backfill.messages import LineInput  # noqa: E402
-from backfill.store import FileStore, RouteLines  # noqa: E402
+from activities.lines.run_line import LineActivities  # noqa: E402
+from backfill.files import FileStore, RouteLines  # noqa: E402
+from backfill.platform.config import ModelConfig, RouteConfig, Settings  # noqa: E402
+from backfill.platform.ids import new_batch_id  # noqa: E402
+from backfill.platform.messages import LineInput  # noqa: E402
 from bench.common import _thread_delta, clear_settings_env, thread_cpu_seconds  # noqa: E402
 from tools.dev.procs import backfill_argv, free_port, wait_for_port  # noqa: E402
 from worker.main import upstream_client  # noqa: E402

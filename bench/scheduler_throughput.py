@@ -42,10 +42,10 @@ from temporalio.client import Client, WorkflowHandle  # noqa: E402
 from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa: E402
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker  # noqa: E402
 
-from backfill import search_attributes as sa  # noqa: E402
-from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
-from backfill.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
-from backfill.store import FileStore  # noqa: E402
+from backfill.batches import search_attributes as sa
+from backfill.files import FileStore  # noqa: E402
+from backfill.platform.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
+from backfill.platform.ids import new_batch_id, scheduler_workflow_id  # noqa: E402
 from bench.ablate import ABLATIONS, ablated  # noqa: E402
 from bench.bare_workflow import BareInput, BareWorkflow, noop, wait_like_upstream  # noqa: E402
 from bench.common import (  # noqa: E402

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from api.preempt_push import POLICY_TTL
+from api.preemption.push import POLICY_TTL
 from bench.spare_workload import Workload, chat_body
 from tools.sim import BATCH_HEADER, SimServer
 

@@ -5,9 +5,9 @@ is replayed minute by minute through a fluid model of the route's fair shares (e
 wants lines gets an equal part of the minute's capacity, what one cannot use goes to the
 others). What the route served each hour is the journal the estimate reads; each batch created
 after the first `HISTORY_WEEKS` weeks (with `--cold`, every batch from the route's first minute)
-gets the real estimate (`backfill.submit_estimate.estimate`) from that journal (lines and busy
-minutes per hour, the current hour so far included) and from what the batches on the route still
-want at that moment, and is compared with when the replay finished it.
+gets the real estimate (`backfill.batches.submit_estimate.estimate`) from that journal (lines and
+busy minutes per hour, the current hour so far included) and from what the batches on the route
+still want at that moment, and is compared with when the replay finished it.
 
 The trace (seeded): the route's batch capacity follows the day, as live traffic leaves it
 (00-08 UTC `night`, 08-20 `day`, 20-24 the mean of both, lines per hour), each hour scaled by a
@@ -31,7 +31,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from backfill.submit_estimate import (
+from backfill.batches.submit_estimate import (
     HISTORY_WEEKS,
     HOUR,
     WEEK_HOURS,

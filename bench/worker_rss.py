@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` fro
 from temporalio.client import Client  # noqa: E402
 from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa: E402
 
-from backfill import search_attributes as sa  # noqa: E402
-from backfill.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
-from backfill.ids import new_batch_id  # noqa: E402
-from backfill.store import FileStore  # noqa: E402
+from backfill.batches import search_attributes as sa
+from backfill.files import FileStore  # noqa: E402
+from backfill.platform.config import Limits, ModelConfig, RouteConfig, Settings  # noqa: E402
+from backfill.platform.ids import new_batch_id  # noqa: E402
 from bench.common import await_result, clear_settings_env, dev_server, log  # noqa: E402
 from tools.dev.devserver import connect_client  # noqa: E402
 from tools.dev.procs import Child  # noqa: E402

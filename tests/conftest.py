@@ -7,7 +7,7 @@
         temporal_client           a session-wide Client with the pydantic data converter
 
 The server is headless, keeps its SQLite file in a temporary directory and has the search
-attributes of backfill.search_attributes.ALL registered.
+attributes of backfill.batches.search_attributes.ALL registered.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from backfill.store import RouteLines, Store
+from backfill.files import RouteLines, Store
 
 if TYPE_CHECKING:
-    from backfill.store.s3 import S3Store
+    from backfill.files.s3 import S3Store
 
 MiB = 1 << 20
 PART = 5 * MiB
@@ -22,7 +22,7 @@ PART = 5 * MiB
 
 def s3_store(moto_url: str) -> S3Store:
     """A store of its own: a fresh prefix in the shared bucket."""
-    from backfill.store.s3 import S3Store  # boto3 only where S3 is tested
+    from backfill.files.s3 import S3Store  # boto3 only where S3 is tested
     from tests.s3server import BUCKET, client
 
     return S3Store(client(moto_url), BUCKET, f"t-{secrets.token_hex(4)}/", part_bytes=PART)
@@ -86,7 +86,7 @@ def metadata_reads(store: Store) -> Iterator[list[str]]:
     its directory."""
     from pathlib import Path
 
-    from backfill.store import FileStore
+    from backfill.files import FileStore
 
     if isinstance(store, FileStore):
         read: list[str] = []
@@ -117,7 +117,7 @@ def unindex(store: Store) -> None:
     """Make the store look as an earlier version left it: files, and no workspace index."""
     import shutil
 
-    from backfill.store import FileStore
+    from backfill.files import FileStore
 
     if isinstance(store, FileStore):
         shutil.rmtree(store.root / "workspaces")

@@ -12,7 +12,7 @@
                               a new random key (printed once) and its [[api_keys]] entry
 
 Logging is configured here and only here (level from BACKFILL_LOG_LEVEL, default INFO; one JSON
-object per line with BACKFILL_LOG_FORMAT=json, see backfill/logs.py).
+object per line with BACKFILL_LOG_FORMAT=json, see backfill/platform/logs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from backfill.config import Settings
+    from backfill.platform.config import Settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -38,7 +38,7 @@ def configure_logging() -> None:
     if log_format == "json":
         from temporalio import activity, workflow
 
-        from backfill.logs import JsonFormatter
+        from backfill.platform.logs import JsonFormatter
 
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonFormatter())
@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
 def _create_key(workspace: str, role: str, models: str | None, name: str) -> int:
     from pydantic import ValidationError
 
-    from backfill.keys import create_key, parse_models
+    from backfill.tenancy.keys import create_key, parse_models
 
     try:
         new = create_key(workspace, role, parse_models(models), name)  # type: ignore[arg-type]
@@ -145,7 +145,7 @@ def _create_key(workspace: str, role: str, models: str | None, name: str) -> int
 
 
 def _load_settings() -> Settings | None:
-    from backfill.config import ConfigError, load_settings
+    from backfill.platform.config import ConfigError, load_settings
 
     try:
         return load_settings()
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
 
     if args.command == "hash-key":
-        from backfill.config import hash_key
+        from backfill.platform.config import hash_key
 
         # From standard input: a key on the command line lands in shell history and `ps`.
         if sys.stdin.isatty():
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     if args.command == "doctor":
-        from backfill import doctor
+        from backfill.operations import doctor
 
         code = doctor.run(settings)
         # Everything is printed: leave without finalizing the interpreter, whose shutdown can
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(code)
 
     if args.command == "api":
-        from backfill.config import UnsafeConfig, check_exposure
+        from backfill.platform.config import UnsafeConfig, check_exposure
 
         try:
             check_exposure(settings)

@@ -3,7 +3,7 @@
 Every `metrics_poll_seconds`, each worker reads, through queries (which add nothing to any
 history): every configured route's scheduler `status`, and every in-progress batch of its task
 queue (a visibility query) with its `describe` and per-route reasons, as `GET /v1/batches/{id}`
-computes them (`backfill.progress`). From these it sets:
+computes them (`backfill.batches.progress`). From these it sets:
 
 - `gateway_batch_route_lines{provider,state}`: `waiting` = the scheduler's queued lines,
   `running` = the lines the route's batches report running;
@@ -13,7 +13,7 @@ computes them (`backfill.progress`). From these it sets:
 - `gateway_batch_route_pauses_total{reason}`: a route's changes into a reason, between samples;
 - `gateway_batch_stall_seconds{batch,workspace}`: each batch's stall clock (`worker/stall.py`);
 - `gateway_batch_at_risk_batches{provider}`: batches whose expected finish at their recent pace
-  (`backfill.eta`, from these samples) is after `expires_at`, per route with lines left.
+  (`backfill.batches.eta`, from these samples) is after `expires_at`, per route with lines left.
 
 Every worker exports the same values (aggregate with `max by`); a worker that restarts starts
 its stall clocks at 0, the others keep theirs, so `max` carries on. Clocks live in memory only.
@@ -30,15 +30,15 @@ from dataclasses import dataclass, field
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill import metrics
-from backfill.batches import Batch
-from backfill.config import Settings
-from backfill.eta import ProgressLog, Sample, estimate
-from backfill.ids import scheduler_workflow_id
-from backfill.progress import add_route_reasons
-from backfill.reasons import WaitReason
-from backfill.refs import BatchWorkflow, RouteSchedulerWorkflow
-from backfill.route_status import SchedulerStatus
+from backfill.batches.batch import Batch
+from backfill.batches.eta import ProgressLog, Sample, estimate
+from backfill.batches.progress import add_route_reasons
+from backfill.platform import metrics
+from backfill.platform.config import Settings
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.refs import BatchWorkflow, RouteSchedulerWorkflow
+from backfill.routes.reasons import WaitReason
+from backfill.routes.status import SchedulerStatus
 from worker.stall import StallClock, advance
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ import uuid
 
 from temporalio.client import Client
 
-from backfill import refs
-from backfill.background import Background, woken
-from backfill.gates.seats import HELD_BACK_RENEW, HeldBackReport
-from backfill.ids import scheduler_workflow_id
+from backfill.platform import refs
+from backfill.platform.background import Background, woken
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.routes.gates.seats import HELD_BACK_RENEW, HeldBackReport
 
 log = logging.getLogger(__name__)
 

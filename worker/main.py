@@ -19,26 +19,32 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.heartbeat import MAX_HEARTBEAT_THROTTLE_SECONDS
-from activities.lines import LineActivities
-from activities.preemption import PreemptBoard
+from activities.lines.run_line import LineActivities
+from activities.preemption.board import PreemptBoard
 from activities.retention import RetentionActivities
 from activities.server_load import ServerLoadActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
-from backfill import preempt_peers, tracing
-from backfill.config import Settings, WorkerRole, configured_bases, warn_missing_upstream_keys
-from backfill.load_reader import ServerLoadReader
-from backfill.schedulers import configure_routes
-from backfill.store import Store, open_store
-from backfill.temporal_client import connect
-from backfill.usage import UsageJournal
+from backfill.files import Store, open_store
+from backfill.platform import tracing
+from backfill.platform.config import (
+    Settings,
+    WorkerRole,
+    configured_bases,
+    warn_missing_upstream_keys,
+)
+from backfill.platform.temporal_client import connect
+from backfill.preemption import peers as preempt_peers
+from backfill.routes.scheduler_client import configure_routes
+from backfill.upstream.load_reader import ServerLoadReader
+from backfill.usage.journal import UsageJournal
 from worker.exporter import Exporter
 from worker.held_back import HeldBackReporter
 from worker.lag import log_every
 from worker.memory import limit_malloc_arenas
 from worker.metrics_server import MetricsServer, sdk_metrics_bind
-from worker.peers import PeerSender
-from worker.preempt_channel import PolicyReader, PreemptChannel
+from worker.preemption.channel import PolicyReader, PreemptChannel
+from worker.preemption.peers import PeerSender
 from worker.retention import ensure_schedule
 from worker.upstream import upstream_client
 from workflows.admission import AdmissionWorkflow

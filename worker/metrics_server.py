@@ -21,8 +21,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER
-from worker.preempt_channel import MAX_BODY, PreemptChannel
+from backfill.preemption.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER
+from worker.preemption.channel import MAX_BODY, PreemptChannel
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def content_length(value: str | None) -> int | None:
 class MetricsServer:
     """`GET /metrics` on (host, port) in a thread of its own (scrapes never wait for the loop), and,
     with preemptive yield's channel, `POST /preempt/live` and `/preempt/lines`
-    (`worker.preempt_channel`). At most `MAX_CONNECTIONS` at once and
+    (`worker.preemption.channel`). At most `MAX_CONNECTIONS` at once and
     `MAX_CONNECTIONS_PER_CLIENT` from one address; a connection whose request is not complete
     `REQUEST_DEADLINE` s after the server began waiting for it is closed; a request whose length
     is not a byte count within its path's `MAX_BODY` is answered 400."""

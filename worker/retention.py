@@ -20,8 +20,8 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
-from backfill.config import Settings
-from backfill.messages import CleanupInput
+from backfill.platform.config import Settings
+from backfill.platform.messages import CleanupInput
 from workflows.retention import RetentionWorkflow
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,9 @@ not counting time it waited for a legitimate reason (`WaitReason.legitimate`).
 
 `worker/exporter.py` samples every in-progress batch every `metrics_poll_seconds` and calls
 `advance` with the batch as its `describe` query shows it (per-route reasons filled in as
-`GET /v1/batches/{id}` fills them, `backfill/progress.py`). The interval since the previous sample
-counts as stalled unless the batch waits legitimately *now*; a finished line resets the clock.
-Exported as `gateway_batch_stall_seconds{batch,workspace}`; the alert is in
+`GET /v1/batches/{id}` fills them, `backfill/batches/progress.py`). The interval since the previous
+sample counts as stalled unless the batch waits legitimately *now*; a finished line resets the
+clock. Exported as `gateway_batch_stall_seconds{batch,workspace}`; the alert is in
 deploy/prometheus/rules.yml (BackfillBatchStalled).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backfill.batches import Batch
-from backfill.reasons import LEGITIMATE_WAITS, WaitReason
+from backfill.batches.batch import Batch
+from backfill.routes.reasons import LEGITIMATE_WAITS, WaitReason
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """AdmissionWorkflow: one per workspace, the atomic count of its batches queued or running.
 
-An entity workflow (decision 0020). The `reserve` update decides with `backfill.admission.decide`
-on the workflow's one thread, so concurrent creates from any number of api processes are
-admitted one at a time against an exact count (Temporal's visibility index lags). Reservations
-end by `release` (the api could not start the batch) or when a periodic check finds the batch
-closed (every reservation is checked; one whose batch Temporal does not know yet is kept for a
-grace period); the batch workflow itself knows nothing of this.
+An entity workflow (decision 0020). The `reserve` update decides with
+`backfill.tenancy.admission.decide` on the workflow's one thread, so concurrent creates from any
+number of api processes are admitted one at a time against an exact count (Temporal's visibility
+index lags). Reservations end by `release` (the api could not start the batch) or when a periodic
+check finds the batch closed (every reservation is checked; one whose batch Temporal does not know
+yet is kept for a grace period); the batch workflow itself knows nothing of this.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from backfill.admission import (
+    from backfill.platform.messages import ClosedBatchesInput
+    from backfill.tenancy.admission import (
         AdmissionInput,
         AdmissionView,
         ReleaseRequest,
@@ -28,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
         remember_released,
         to_drop,
     )
-    from backfill.messages import ClosedBatchesInput
     from workflows.patches import ADMISSION_CHECKS_YOUNG_RESERVATIONS
 
 

@@ -1,12 +1,12 @@
 """BatchWorkflow: one OpenAI batch, from validation to its output files (workflow id = batch id).
 
 Orchestration only. Decisions are pure and unit-tested elsewhere: what may start and what to tell
-a scheduler in `backfill.lanes`, statuses, progress and deadlines in `backfill.lifecycle`, the
-run's length in `run_length`. Helpers: `CancelRequests` (a Temporal cancellation request means
-the `cancel` signal), `SchedulerLink` (demand, acks and back-off reports to the routes'
-schedulers), `BatchView` (search attributes, memo, UI details), `Alarm` (one timer for the next
-deadline), `line_activity` (how a line's activity is called). Every `workflow.patched` id and
-its history: `patches`. Every piece of I/O is an activity.
+a scheduler in `backfill.batches.lanes`, statuses, progress and deadlines in
+`backfill.batches.lifecycle`, the run's length in `run_length`. Helpers: `CancelRequests` (a
+Temporal cancellation request means the `cancel` signal), `SchedulerLink` (demand, acks and back-off
+reports to the routes' schedulers), `BatchView` (search attributes, memo, UI details), `Alarm` (one
+timer for the next deadline), `line_activity` (how a line's activity is called). Every
+`workflow.patched` id and its history: `patches`. Every piece of I/O is an activity.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from activities.finalizing import FinalizeActivities
     from activities.validation import ValidationActivities
-    from backfill.batches import Batch, BatchErrors, RequestCounts, Usage
-    from backfill.lanes import Lane, Tries
-    from backfill.lifecycle import (
+    from backfill.batches.batch import Batch, BatchErrors, RequestCounts, Usage
+    from backfill.batches.lanes import Lane, Tries
+    from backfill.batches.lifecycle import (
         check_expiry,
         end_status,
         initial_batch,
@@ -35,7 +35,13 @@ with workflow.unsafe.imports_passed_through():
         tally_line,
         transition,
     )
-    from backfill.messages import (
+    from backfill.batches.storage_waits import (
+        INITIAL_INTERVAL_SECONDS,
+        MAX_INTERVAL_SECONDS,
+        store_failure,
+        store_wait_seconds,
+    )
+    from backfill.platform.messages import (
         Allotment,
         BatchInput,
         BatchState,
@@ -43,12 +49,6 @@ with workflow.unsafe.imports_passed_through():
         FinalizeInput,
         PauseRequest,
         ValidateInput,
-    )
-    from backfill.storage_waits import (
-        INITIAL_INTERVAL_SECONDS,
-        MAX_INTERVAL_SECONDS,
-        store_failure,
-        store_wait_seconds,
     )
     from workflows import line_activity, patches, run_length, webhooks
     from workflows.alarm import Alarm
@@ -387,7 +387,7 @@ class BatchWorkflow:
         await self._announce()
         await self._cancellation.wait(workflow.all_handlers_finished)
 
-    # ---- the file store's outages (backfill.storage_waits, docs/decisions/0047) ----
+    # ---- the file store's outages (backfill.batches.storage_waits, docs/decisions/0047) ----
     def _store_retries(self, waits: bool, old_attempts: int) -> dict[str, Any]:
         """The retry options of validation and finalizing: until the batch's deadline, at most
         `MAX_INTERVAL_SECONDS` apart (`patches.STORE_OUTAGE_WAITS`); else the old attempts."""

@@ -35,7 +35,7 @@ class CancelRequests:
         self._cancel = cancel
         """The batch's `cancel` (a no-op once too late)."""
         self._may_cancel = may_cancel
-        """Whether a cancel would still take effect (`backfill.lifecycle.may_cancel`)."""
+        """Whether a cancel would still take effect (`backfill.batches.lifecycle.may_cancel`)."""
 
     def requested(self) -> None:
         """A cancellation request landed: cancel the batch as the `cancel` signal does."""

@@ -9,10 +9,10 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.lines import LineActivities
-    from backfill.batches import Batch
-    from backfill.lanes import Lane, Tries
-    from backfill.messages import BatchInput, LineInput, LineOutcome
+    from activities.lines.run_line import LineActivities
+    from backfill.batches.batch import Batch
+    from backfill.batches.lanes import Lane, Tries
+    from backfill.platform.messages import BatchInput, LineInput, LineOutcome
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 """Temporal never retries a line: the workflow decides (requeue, back off, give up)."""

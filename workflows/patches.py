@@ -48,7 +48,7 @@ rules answer differently (`BatchWorkflow._set_alarm`, `scheduler_link.reached`).
 
 STATUS_MEMO = "status-memo"
 """Each status change also upserts the batch's compact status into its memo
-(`backfill.lifecycle.STATUS_MEMO`), so the api answers a retrieve without a worker. A new
+(`backfill.batches.lifecycle.STATUS_MEMO`), so the api answers a retrieve without a worker. A new
 command: runs from before it replay without it. Commit b324be0."""
 
 CONTINUE_AS_NEW_BY_HISTORY = "continue-as-new-by-history"
@@ -82,9 +82,9 @@ preemption, counted in `Tries.preempted` and the lane's `preempted_lines`. Histo
 DEADLINE_PACE_COUNTED = "deadline-pace-counted"
 """A batch's demand carries its `expires_at` and the lane's mean line time (`Lane.line_seconds`),
 and is also reported when the scheduler's view of them is out of date
-(`backfill.lanes.pace_to_report`: the first line finished, the lines left fallen by a quarter,
-twice the lines finished since the mean was last reported), so the route scheduler can heed the
-deadline (`deadline-aware-shares`, docs/decisions/0038). Asked where a demand is reported or
+(`backfill.batches.lanes.pace_to_report`: the first line finished, the lines left fallen by a
+quarter, twice the lines finished since the mean was last reported), so the route scheduler can heed
+the deadline (`deadline-aware-shares`, docs/decisions/0038). Asked where a demand is reported or
 would be only for this. Old branch: the demand said neither, and was reported only as
 `demand_to_report` says. History: `batch_pace_counted.v1`.
 
@@ -95,7 +95,7 @@ replay on another worker failed with a nondeterminism error (docs/decisions/0038
 
 STORE_OUTAGE_WAITS = "store-outage-waits"
 """Validation and finalizing wait out an unavailable file store until the batch's deadline
-(`backfill.storage_waits`: retried at most 30 s apart, for at least 24 h), and a batch whose
+(`backfill.batches.storage_waits`: retried at most 30 s apart, for at least 24 h), and a batch whose
 validation or finalizing fails for good (the deadline passed, or an error waiting cannot mend)
 ends `failed` with a `store_unavailable` / `store_error` error, its webhook event sent, instead
 of its run failing; its stored work is left to the retention pass
@@ -112,15 +112,15 @@ this many lines finished in one run. Kept only so they replay."""
 # ---- RouteSchedulerWorkflow ----
 REOPEN_RAMP = "reopen-ramp"
 """With the route's `reopen_ramp` setting on, a rise of the route's limit (a gate reopening,
-seats freeing up, the cap raised) restarts lines at the ramp's pace (`backfill.gates.ramp`): the
-allotments grow by doublings, each woken by the scheduler's gate timer. Asked only while the
+seats freeing up, the cap raised) restarts lines at the ramp's pace (`backfill.routes.gates.ramp`):
+the allotments grow by doublings, each woken by the scheduler's gate timer. Asked only while the
 setting is on, which no route had before: every older history replays without it. Old branch
 (unreachable in recorded histories): the limit followed the gates at once. History:
 `route_scheduler_reopen_ramp.v1`."""
 
 SEATS_HELD_BACK = "seats-held-back"
 """The seat-aware allotment leaves out the seats the workers hold back for preemptive yield's
-live-latency target (their `report_held_back` signals, `backfill.gates.seats`), so lines that
+live-latency target (their `report_held_back` signals, `backfill.routes.gates.seats`), so lines that
 could only wait at a worker's door are not allotted. Asked the first time a worker reports
 seats held back, which no worker did before: every older history replays without it. Old
 branch (unreachable in recorded histories): the allotment followed `seats − keep_free` only.
@@ -138,7 +138,7 @@ History: `route_scheduler_deadline.v1`."""
 CONFIGURED_SETTINGS = "configured-settings"
 """The `configure` signal (a worker at start sends the route's `settings` table from the config
 file) changes the settings when the table differs from the one last applied
-(`backfill.route_settings.apply_config`, docs/decisions/0039). Asked only when the signal would
+(`backfill.routes.settings.apply_config`, docs/decisions/0039). Asked only when the signal would
 change something, which no worker sent before: every older history replays without it. Old
 branch (a signal handled by a worker from before: unreachable in recorded histories): the
 signal was left unhandled. History: `route_scheduler_configured.v1`."""
@@ -153,7 +153,7 @@ time-skipping test server strands a run whose task cancels a timer that fired me
 ADMISSION_CHECKS_YOUNG_RESERVATIONS = "admission-checks-young-reservations"
 """Each check of the workspace's reservations asks about every batch, not only those reserved
 60 s ago or more, and frees one whose batch ran and ended however young its reservation; a young
-one whose batch Temporal does not know yet is still kept (`backfill.admission.to_drop`). Old
+one whose batch Temporal does not know yet is still kept (`backfill.tenancy.admission.to_drop`). Old
 branch: young reservations were not checked, so a slot came back 60-90 s after a short batch
 ended. Asked only when some reservation is young (otherwise both branches check the same ids).
 No saved history (the replay test covers the batch and scheduler workflows):

@@ -11,7 +11,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.retention import RetentionActivities
-    from backfill.messages import CleanupInput, CleanupOutput
+    from backfill.platform.messages import CleanupInput, CleanupOutput
 
 
 @workflow.defn

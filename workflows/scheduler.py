@@ -4,7 +4,7 @@ An entity workflow. Handlers only record; the main loop decides (with the pure f
 `workflows.fairness`) and signals each batch its allotment when it changes. Batches keep that many
 lines running without asking again, so a line completing adds nothing to this history.
 
-The gates run through their registry (`backfill.gates.registry`, docs/decisions/0040): their
+The gates run through their registry (`backfill.routes.gates.registry`, docs/decisions/0040): their
 states live in `SchedulerInput.gates`, their signals reach one dynamic handler, their reader
 activities start and stop with demand, their patches are asked when each says; this module names
 no gate.
@@ -24,10 +24,8 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from backfill import refs, route_settings
-    from backfill.gates import Gate, GateContext, GateEntry, registry
-    from backfill.gates.registry import ReaderRun
-    from backfill.messages import (
+    from backfill.platform import refs
+    from backfill.platform.messages import (
         Ack,
         Allotment,
         BatchSlot,
@@ -36,8 +34,11 @@ with workflow.unsafe.imports_passed_through():
         LiveGateView,
         SchedulerInput,
     )
-    from backfill.route_settings import ConfiguredSettings, RouteSettings
-    from backfill.route_status import SchedulerStatus
+    from backfill.routes import settings as route_settings
+    from backfill.routes.gates import Gate, GateContext, GateEntry, registry
+    from backfill.routes.gates.registry import ReaderRun
+    from backfill.routes.settings import ConfiguredSettings, RouteSettings
+    from backfill.routes.status import SchedulerStatus
     from workflows import patches
     from workflows.alarm import Alarm
     from workflows.fairness import (

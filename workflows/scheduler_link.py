@@ -1,8 +1,8 @@
 """The batch's side of the protocol with its routes' schedulers (docs/decisions/0001, 0003).
 
 Per route, the batch reports its demand (`report_demand`, signal-with-start from an activity,
-only when `backfill.lanes.demand_to_report` says it is worth saying, plus an hourly keep-alive
-while it waits for an allotment); it receives allotments (`BatchWorkflow.set_allotment`,
+only when `backfill.batches.lanes.demand_to_report` says it is worth saying, plus an hourly
+keep-alive while it waits for an allotment); it receives allotments (`BatchWorkflow.set_allotment`,
 `Lane.set_allotment`); it acks a shrunk allotment once its running lines are within it; and it
 tells the scheduler when a line was rate limited, so the whole route backs off.
 """
@@ -17,11 +17,11 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from backfill import refs
-    from backfill.gates.backoff import RateLimited
-    from backfill.lanes import Lane, demand_to_report, pace_to_report
-    from backfill.lifecycle import keepalive_due
-    from backfill.messages import Ack, DemandInput
+    from backfill.batches.lanes import Lane, demand_to_report, pace_to_report
+    from backfill.batches.lifecycle import keepalive_due
+    from backfill.platform import refs
+    from backfill.platform.messages import Ack, DemandInput
+    from backfill.routes.gates.backoff import RateLimited
     from workflows.cancellation import CancelRequests
     from workflows.patches import ALARMS_ON_TIME, DEADLINE_PACE_COUNTED
 

@@ -1,7 +1,7 @@
 """What the route scheduler shows: its `status` query's answer and its "current details" in
 the Temporal UI, derived from its state and the combined gate. Pure (no Temporal, no I/O), as
-`backfill.lifecycle` is for the batch workflow; `workflows/scheduler.py` runs the loop and hands
-these to Temporal.
+`backfill.batches.lifecycle` is for the batch workflow; `workflows/scheduler.py` runs the loop and
+hands these to Temporal.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from backfill import route_settings
-from backfill.gates import Gate, GateContext, GateEntry, registry
-from backfill.gates import live as live_gate
-from backfill.gates import preempt as preempt_gate
-from backfill.gates import seats as seats_gate
-from backfill.messages import LiveGateView, SchedulerInput
-from backfill.reasons import WaitReason
-from backfill.route_status import BatchStatusEntry, SchedulerStatus
+from backfill.platform.messages import LiveGateView, SchedulerInput
+from backfill.routes import settings as route_settings
+from backfill.routes.gates import Gate, GateContext, GateEntry, registry
+from backfill.routes.gates import live as live_gate
+from backfill.routes.gates import preempt as preempt_gate
+from backfill.routes.gates import seats as seats_gate
+from backfill.routes.reasons import WaitReason
+from backfill.routes.status import BatchStatusEntry, SchedulerStatus
 
 Joined = Callable[[GateEntry[Any]], bool]
 """Whether the scheduler has taken a gate's patch (`GateEntry.patch`) in this run."""

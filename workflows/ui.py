@@ -1,18 +1,18 @@
 """What operators see of a batch outside the api: its search attributes and status memo, its
 current details in the Temporal UI, and a log line per state change.
 
-The pure parts (the progress, the details' text, the memo's fields) are `backfill.lifecycle`;
-this module only hands them to Temporal.
+The pure parts (the progress, the details' text, the memo's fields) are
+`backfill.batches.lifecycle`; this module only hands them to Temporal.
 """
 
 from __future__ import annotations
 
 from temporalio import workflow
 
-from backfill import search_attributes as sa
-from backfill.batches import Batch
-from backfill.lanes import Lane
-from backfill.lifecycle import (
+from backfill.batches import search_attributes as sa
+from backfill.batches.batch import Batch
+from backfill.batches.lanes import Lane
+from backfill.batches.lifecycle import (
     STATUS_MEMO,
     SUMMARY_MEMO,
     current_details,

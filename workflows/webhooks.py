@@ -11,7 +11,7 @@
 - `announce`: how a batch that reached a terminal status hands its event over. The event
   workflow is not the batch's child: it runs on its own, so a receiver never delays the batch.
 
-Timing decisions (`next_attempt_at`) are in `backfill.webhooks`; all I/O is in
+Timing decisions (`next_attempt_at`) are in `backfill.webhooks.events`; all I/O is in
 `activities.webhooks`.
 """
 
@@ -27,9 +27,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.webhooks import WebhookActivities
-    from backfill.batches import Batch
-    from backfill.lifecycle import STAMPS
-    from backfill.webhooks import (
+    from backfill.batches.batch import Batch
+    from backfill.batches.lifecycle import STAMPS
+    from backfill.webhooks.events import (
         DELIVERIES_MEMO,
         MAX_ENDPOINTS,
         AnnounceInput,

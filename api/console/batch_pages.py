@@ -14,13 +14,15 @@ from typing import get_args
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from api import batch_reads, batches, files
-from api.admin_batches import batch_filters
+from api.batches import batches_api as batches
+from api.batches import reads as batch_reads
 from api.console.lists import Action, ListQueryDep, control, render_list
 from api.console.web import SessionDep, render, router
 from api.deps import BuffersDep, ClientDep, SettingsDep, StoreDep
-from backfill.batches import TERMINAL_STATUSES, Batch, BatchStatus
-from backfill.jobs import is_job
+from api.files import files_api as files
+from api.platform_admin.batches import batch_filters
+from backfill.batches.batch import TERMINAL_STATUSES, Batch, BatchStatus
+from backfill.batches.jobs import is_job
 
 STATUSES: tuple[str, ...] = get_args(BatchStatus)
 CONTROLLABLE = ("validating", "in_progress")

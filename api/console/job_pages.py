@@ -1,10 +1,10 @@
 """Batch jobs: the single jobs (`/gateway/v1/batches`) with filters, one job's page with its
 attempts and identity metadata, its controls, and its output's download.
 
-Reads and changes go through the jobs API's own functions (`api.jobs`, `api.admin_jobs`) with
-the session's identity: an admin or auditor sees every workspace's jobs, a member only its own
-workspace's (another's job is a 404, as in `/gateway/v1/batches`); an auditor changes nothing
-and never downloads content.
+Reads and changes go through the jobs API's own functions (`api.jobs.jobs_api`,
+`api.platform_admin.jobs`) with the session's identity: an admin or auditor sees every workspace's
+jobs, a member only its own workspace's (another's job is a 404, as in `/gateway/v1/batches`); an
+auditor changes nothing and never downloads content.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import get_args
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 
-from api import jobs
-from api.admin_jobs import admin_view, job_page
 from api.console.lists import Action, ListQueryDep, control, render_list
 from api.console.web import SessionDep, render, router
 from api.deps import BuffersDep, ClientDep, SettingsDep, StoreDep
-from backfill.jobs import TERMINAL_JOB_STATES, Job, JobState
+from api.jobs import jobs_api as jobs
+from api.platform_admin.jobs import admin_view, job_page
+from backfill.batches.jobs import TERMINAL_JOB_STATES, Job, JobState
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)
 

@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from api.console.sessions import Session
 from api.console.web import checked_form, render
-from backfill.config import Settings
+from backfill.platform.config import Settings
 
 Action = Literal["pause", "resume", "cancel"]
 

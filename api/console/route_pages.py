@@ -3,7 +3,7 @@
 Reads are `GET /api/v1/platform/deployments/{id}/batch-scheduling`'s function (403 for members),
 saving is the PUT's (platform admins only): the form becomes the same `RouteSettings` document
 the JSON API validates, and the errors of that validation are shown next to their fields. Each
-gate's fieldset and read-only row come from its registry entry (`backfill.gates.registry`).
+gate's fieldset and read-only row come from its registry entry (`backfill.routes.gates.registry`).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
-from api import admin
 from api.console.charts import route_chart
 from api.console.web import SessionDep, checked_form, render, router, state
 from api.deps import ClientDep, SettingsDep
 from api.errors import InvalidRequest
+from api.routes import routes_api as admin
 from api.schemas import BatchScheduling
-from backfill.gates import SETTINGS_GATES
-from backfill.reasons import LEGITIMATE_WAITS
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates import SETTINGS_GATES
+from backfill.routes.reasons import LEGITIMATE_WAITS
+from backfill.routes.settings import RouteSettings
 
 PLAIN_FIELDS = ("max_concurrent_lines", "priority_hint")
 """The settings that are not gates (a number each; blank `priority_hint`: off)."""

@@ -1,7 +1,7 @@
 """Samples each route's running batch lines, limit and live requests in flight every
 `SAMPLE_SECONDS` in the background, for the route page's 15-minute chart.
 
-One query of the route's scheduler (through the process's one `api.route_poller.RoutePoller`)
+One query of the route's scheduler (through the process's one `api.routes.poller.RoutePoller`)
 and one per batch on it (the same reads as the route page's status), bounded like every RPC of
 the api; a route that cannot answer now (Temporal down, no
 worker) gets no sample, which the chart shows as a gap in time. Each api replica keeps its own.
@@ -14,12 +14,12 @@ import logging
 import time
 from collections.abc import Sequence
 
-from api.admin import route_sample
 from api.console.samples import RouteSample, RouteSamples
 from api.errors import TemporalUnavailable
-from api.route_poller import RoutePoller
+from api.routes.poller import RoutePoller
+from api.routes.routes_api import route_sample
 from api.temporal_link import TemporalLink
-from backfill.background import Background
+from backfill.platform.background import Background
 
 log = logging.getLogger(__name__)
 

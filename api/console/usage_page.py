@@ -1,5 +1,5 @@
 """Usage: tokens per day, workspace and service class over the last days, from the usage
-journal (`api.admin_usage.usage_buckets`, what `GET /api/v1/admin/usage` serves).
+journal (`api.usage.usage_api.usage_buckets`, what `GET /api/v1/admin/usage` serves).
 
 Platform admins and auditors see every workspace (or one, filtered); a member sees its own."""
 
@@ -16,11 +16,11 @@ from typing import Annotated
 from fastapi import Query, Request
 from fastapi.responses import Response
 
-from api.admin_usage import usage_buckets
 from api.console.charts import bar_chart
 from api.console.web import SessionDep, render, router
 from api.deps import SettingsDep
-from backfill.usage import UsageTotal
+from api.usage.usage_api import usage_buckets
+from backfill.usage.journal import UsageTotal
 
 DAY = 86400
 SERVICE_CLASSES = ("batch", "live")

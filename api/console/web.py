@@ -1,9 +1,9 @@
 """What every console page shares: the router, templates, the session dependency, CSRF checks
 and the mapping of the JSON API's errors to HTML pages.
 
-The console calls the JSON API's own functions (api/batches.py, api/admin.py, ...), which raise
-`APIError`s by type; `ConsoleRoute` renders those as an error page with the same status, so the
-server enforces every role exactly as the API does.
+The console calls the JSON API's own functions (api/batches/batches_api.py,
+api/routes/routes_api.py, ...), which raise `APIError`s by type; `ConsoleRoute` renders those as an
+error page with the same status, so the server enforces every role exactly as the API does.
 """
 
 from __future__ import annotations

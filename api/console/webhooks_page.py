@@ -1,6 +1,6 @@
 """Webhooks: a workspace's endpoints and its latest deliveries, over the JSON API's own handlers
-(`api.webhooks`). A member sees its own workspace; platform admins and auditors pick one.
-Endpoints are made, deleted and rotated through the API (the secret is shown once there)."""
+(`api.webhooks.webhooks_api`). A member sees its own workspace; platform admins and auditors pick
+one. Endpoints are made, deleted and rotated through the API (the secret is shown once there)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from fastapi import Request
 from fastapi.responses import Response
 
-from api import webhooks
 from api.console.web import SessionDep, render, router
 from api.deps import ClientDep, SettingsDep
+from api.webhooks import webhooks_api as webhooks
 
 
 def when(ts: int | None) -> str:

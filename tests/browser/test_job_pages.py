@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, expect
 
-from backfill.config import hash_key
+from backfill.platform.config import hash_key
 from tests.browser.conftest import shot_path, sign_in
 from tests.browser.test_console import NO_SIDEWAYS_SCROLL
 from tests.e2e.stack import Stack, auth

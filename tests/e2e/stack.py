@@ -49,13 +49,13 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill.config import hash_key
-from backfill.ids import scheduler_workflow_id
-from backfill.preempt_signing import MIN_TOKEN_LENGTH
-from backfill.refs import RouteSchedulerWorkflow
-from backfill.search_attributes import WORKSPACE
-from backfill.store import FileStore, Store
-from backfill.store.s3 import S3Store
+from backfill.batches.search_attributes import WORKSPACE
+from backfill.files import FileStore, Store
+from backfill.files.s3 import S3Store
+from backfill.platform.config import hash_key
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.refs import RouteSchedulerWorkflow
+from backfill.preemption.signing import MIN_TOKEN_LENGTH
 from tests.polling import PollTimeout, poll_until
 from tests.s3server import BUCKET, CREDENTIALS, REGION, MotoProcess
 from tests.s3server import client as s3_client
@@ -133,7 +133,7 @@ class Stack:
         `preempt_token`: preemptive yield's direct channel on (every process gets the token,
         at least `MIN_TOKEN_LENGTH` characters; True: a fresh one; the api processes and the
         workers find the workers on the task queue, on loopback), else off; `self.preempt_token`
-        is the token, for a test's own reports (`backfill.preempt_signing.sign`).
+        is the token, for a test's own reports (`backfill.preemption.signing.sign`).
         `tenants`: key sets for leases (a shared stack), each with its own keys and workspaces,
         besides the stack's own KEYS."""
         self.tmp = tmp

@@ -12,8 +12,8 @@ import openai
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from backfill import search_attributes as sa
-from backfill.ids import new_batch_id
+from backfill.batches import search_attributes as sa
+from backfill.platform.ids import new_batch_id
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import (
     Stack,

@@ -13,7 +13,7 @@ import httpx
 import openai.types.chat
 import pytest_asyncio
 
-from backfill.config import hash_key
+from backfill.platform.config import hash_key
 from tests.e2e.stack import Stack, assert_error, auth, submit
 from tests.e2e.test_jobs import set_window
 from tests.polling import poll_until

@@ -11,7 +11,7 @@ import asyncio
 import httpx
 from temporalio.client import Client
 
-from backfill import search_attributes as sa
+from backfill.batches import search_attributes as sa
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, assert_error, auth, jsonl
 from tests.e2e.test_roles_matrix import SCHEDULING, closed_window

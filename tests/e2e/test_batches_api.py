@@ -68,8 +68,8 @@ async def sim_batch_requests(stack: Stack) -> dict[str, int]:
 
 def assert_not_stubs(rows: list[dict[str, Any]]) -> None:
     """Listed rows are the batches as their workflows describe them. A row the api could not
-    read (api/batches.py `_load_or_stub`) is made from search attributes and has an empty
-    input_file_id and completion_window: a listing of such stubs would hide a broken read."""
+    read (api/batches/batches_api.py `_load_or_stub`) is made from search attributes and has an
+    empty input_file_id and completion_window: a listing of such stubs would hide a broken read."""
     stubs = [r["id"] for r in rows if not r["input_file_id"] or not r["completion_window"]]
     assert not stubs, f"stub rows: {stubs}"
 

@@ -15,8 +15,8 @@ import pytest_asyncio
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus
 
-from backfill.ids import scheduler_workflow_id
-from backfill.lifecycle import SUMMARY_MEMO
+from backfill.batches.lifecycle import SUMMARY_MEMO
+from backfill.platform.ids import scheduler_workflow_id
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until
 from tools.dev.devserver import DevServer, connect_client, free_port

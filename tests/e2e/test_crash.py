@@ -3,7 +3,7 @@ again on the other worker within the heartbeat timeout and the sticky-queue wait
 
 from __future__ import annotations
 
-from backfill.config import Limits, Settings
+from backfill.platform.config import Limits, Settings
 from tests.e2e.conftest import MakeStack
 from tests.e2e.crash import kill_and_time_recovery
 from tests.e2e.stack import input_ids, output_ids, submit, wait_in_flight, wait_terminal

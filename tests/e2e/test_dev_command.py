@@ -10,14 +10,14 @@ from pathlib import Path
 
 import httpx
 
-from backfill.config import DEV_KEY, hash_key
+from backfill.platform.config import DEV_KEY, hash_key
 from tests.e2e.test_dev_local_server import run_batch
 from tests.polling import poll_until
 from tools.dev.procs import Child, backfill_argv, free_port, pid_alive, port_in_use
 
 KEY = DEV_KEY
 """The repository's public dev key: served only because `backfill dev` declares a development
-stack (`BACKFILL_DEV_STACK`, `backfill.config.check_exposure`)."""
+stack (`BACKFILL_DEV_STACK`, `backfill.platform.config.check_exposure`)."""
 
 
 async def test_backfill_dev_starts_runs_a_batch_and_stops_cleanly(tmp_path: Path) -> None:

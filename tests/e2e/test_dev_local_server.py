@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from backfill.config import DEV_KEY, hash_key
+from backfill.platform.config import DEV_KEY, hash_key
 from tests.e2e.stack import jsonl, wait_terminal
 from tests.e2e.test_doctor import doctor
 from tests.polling import poll_until

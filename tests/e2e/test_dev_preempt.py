@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from backfill.config import DEV_KEY, hash_key
+from backfill.platform.config import DEV_KEY, hash_key
 from tests.e2e.stack import jsonl
 from tests.polling import poll_until
 from tools.dev.procs import Child, backfill_argv, free_port

@@ -19,9 +19,9 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from api.errors import unregistered_search_attribute
-from backfill import search_attributes as sa
-from backfill.config import hash_key
-from backfill.search_attributes import ALL
+from backfill.batches import search_attributes as sa
+from backfill.batches.search_attributes import ALL
+from backfill.platform.config import hash_key
 from tests.polling import poll_until
 from tools.dev.devserver import DevServer, temporal_cli_path
 from tools.dev.procs import Child, backfill_argv, free_port

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from api.app import create_app
-from backfill.config import Settings
+from backfill.platform.config import Settings
 from tests.e2e.stack import KEYS, Stack, jsonl, submit
 from tools.sim import SimConfig
 

@@ -1,7 +1,7 @@
 """Every reader of a batch held by a route's maintenance hold sees the hold and its end (issue
 48): the Batch object (`backfill.routes[].reason_detail` and the summary) on `GET` and in the
 listing, the CLI's `get`, `list` and `watch`, and the console's batch page, all in one wording
-(`backfill.reasons.reason_text`), never "Queued — waiting for capacity"."""
+(`backfill.routes.reasons.reason_text`), never "Queued — waiting for capacity"."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from backfill.reasons import QUEUED_SUMMARY, WaitReason
+from backfill.routes.reasons import QUEUED_SUMMARY, WaitReason
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import auth, jsonl
 from tests.e2e.test_cli import Cli, cli

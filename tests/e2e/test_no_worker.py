@@ -15,8 +15,8 @@ from tools.sim import SimConfig
 
 ADMIN = "sk-test-admin"
 ANSWER_WITHIN = 6.0
-"""The quick query's bound (2.5 s in all: api.history_view.quick_query) plus the history read,
-with room for a loaded machine."""
+"""The quick query's bound (2.5 s in all: api.batches.history_view.quick_query) plus the history
+read, with room for a loaded machine."""
 CANCEL_BOUND = 15.0
 """The api's bound on a whole Temporal call (10 s) plus the quick query's fallback."""
 

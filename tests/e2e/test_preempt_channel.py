@@ -17,12 +17,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from backfill.preempt_signing import sign
+from backfill.preemption.signing import sign
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.e2e.test_live_gates import batch_arrivals, put_settings, worker_samples
 from tests.polling import poll_until
 from tools.sim import SimConfig
-from worker.preempt_channel import PATH
+from worker.preemption.channel import PATH
 
 TOKEN = "e2e-channel-" + "c" * 32
 SOCKET_TIMEOUT = 5.0
@@ -32,7 +32,7 @@ MAX_CONNECTIONS = 64
 MAX_CONNECTIONS_PER_CLIENT = 16
 """`worker.metrics_server.MAX_CONNECTIONS_PER_CLIENT`."""
 MAX_PROCESSES = 256
-"""`activities.preemption.MAX_PROCESSES`."""
+"""`activities.preemption.board.MAX_PROCESSES`."""
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from backfill.usage import read_entries
+from backfill.usage.journal import read_entries
 from tests.e2e.stack import Stack, output_ids, wait_terminal
 from tests.polling import poll_until
 

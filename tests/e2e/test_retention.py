@@ -12,8 +12,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from backfill.messages import CleanupOutput
-from backfill.store import BatchFinalized
+from backfill.files import BatchFinalized
+from backfill.platform.messages import CleanupOutput
 from tests.conftest import TemporalServer
 from tests.e2e.stack import Stack, jsonl, output_ids, store_kind, wait_terminal
 from worker.retention import schedule_id

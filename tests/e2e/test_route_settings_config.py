@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 
-from backfill.ids import scheduler_workflow_id
-from backfill.refs import RouteSchedulerWorkflow
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.refs import RouteSchedulerWorkflow
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, toml_tables
 from tests.polling import poll_until

@@ -15,9 +15,9 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill.ids import scheduler_workflow_id
-from backfill.refs import RouteSchedulerWorkflow
-from backfill.route_status import SchedulerStatus
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.refs import RouteSchedulerWorkflow
+from backfill.routes.status import SchedulerStatus
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, input_ids, output_ids, submit, wait_terminal
 from tests.polling import poll_until

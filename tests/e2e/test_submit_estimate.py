@@ -12,7 +12,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.usage import HOUR, USAGE_DIR, UsageEntry, hour_name
+from backfill.usage.journal import HOUR, USAGE_DIR, UsageEntry, hour_name
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, auth, jsonl, wait_terminal
 from tests.polling import poll_until

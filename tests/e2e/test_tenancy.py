@@ -11,7 +11,7 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from backfill.config import hash_key
+from backfill.platform.config import hash_key
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, assert_error, auth, jsonl, submit, wait_terminal
 from tests.e2e.test_roles_matrix import SCHEDULING, closed_window

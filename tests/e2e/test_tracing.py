@@ -3,8 +3,8 @@
 The spans must be read in this process (OpenTelemetry's InMemorySpanExporter), so the api and
 the worker run here rather than as child processes: the real app (`api.app.create_app`) served
 by uvicorn on loopback, the real worker (`worker.main.running_worker`), one Temporal client with
-`backfill.tracing`'s interceptor, the session's dev server, the simulator as upstream and the
-official `openai` SDK as the client, all over real HTTP and gRPC.
+`backfill.platform.tracing`'s interceptor, the session's dev server, the simulator as upstream and
+the official `openai` SDK as the client, all over real HTTP and gRPC.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from api.app import create_app
-from backfill import tracing
-from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.temporal_client import connect
+from backfill.platform import tracing
+from backfill.platform.config import ApiKeyConfig, Settings, hash_key
+from backfill.platform.temporal_client import connect
 from tests.polling import poll_until
 from tools.dev.procs import free_port
 from tools.sim import SimConfig, SimServer

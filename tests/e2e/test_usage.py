@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from backfill.usage import read_entries
+from backfill.usage.journal import read_entries
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, auth, jsonl, submit, wait_terminal
 from tests.e2e.test_metrics import scrape, value, worker_url

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import openai
 
-from backfill.webhooks import event_id
+from backfill.webhooks.events import event_id
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import submit, wait_terminal
 from tests.e2e.test_webhooks import (

@@ -16,7 +16,7 @@ import httpx
 import openai
 from openai.types.webhooks import WebhookEndpointWithSecret
 
-from backfill.webhooks import event_id
+from backfill.webhooks.events import event_id
 from tests.e2e.conftest import MakeStack
 from tests.e2e.stack import Stack, submit, wait_terminal
 from tests.polling import poll_until

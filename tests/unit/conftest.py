@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from backfill.store.s3 import S3Store
+    from backfill.files.s3 import S3Store
 
 
 @pytest.fixture(scope="session")

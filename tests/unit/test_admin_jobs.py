@@ -11,10 +11,10 @@ from typing import Any, get_args
 import pytest
 from fastapi.testclient import TestClient
 
-from api.admin_jobs import job_filters
 from api.errors import InvalidRequest
-from backfill.batches import BatchStatus
-from backfill.jobs import BATCH_STATUSES, JobState, job_state, settled_state
+from api.platform_admin.jobs import job_filters
+from backfill.batches.batch import BatchStatus
+from backfill.batches.jobs import BATCH_STATUSES, JobState, job_state, settled_state
 from tests.unit.test_api_schema import build_app, resolve
 from tests.unit.test_jobs import batch
 

@@ -3,7 +3,7 @@ pinned inputs counted towards stored bytes."""
 
 from __future__ import annotations
 
-from backfill.admission import (
+from backfill.tenancy.admission import (
     RELEASED_KEPT,
     Reservation,
     ReserveRequest,
@@ -84,7 +84,7 @@ def test_released_ids_are_bounded_and_newest_kept() -> None:
 
 
 def test_a_check_frees_an_ended_batch_however_young_and_keeps_one_not_started() -> None:
-    from backfill.admission import to_drop
+    from backfill.tenancy.admission import to_drop
 
     held = [
         Reservation(batch_id="ended", input_file_id="f", input_bytes=1, lines=1, reserved_at=95),

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from api import admission
 from api.errors import RetryLater
-from backfill.admission import ReserveRequest, ReserveResult
-from backfill.config import Settings
+from api.tenancy import admission
+from backfill.platform.config import Settings
+from backfill.tenancy.admission import ReserveRequest, ReserveResult
 
 
 class _Temporal:

@@ -20,8 +20,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.usage import UsageEntry
+from backfill.platform.config import ApiKeyConfig, Settings, hash_key
+from backfill.usage.journal import UsageEntry
 
 MiB = 1 << 20
 ANSWER = {

@@ -19,12 +19,14 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from temporalio.service import RPCError, RPCStatusCode
 
-from api import admin, batches, files
 from api.app import create_app
+from api.batches import batches_api as batches
 from api.errors import NOT_AN_OBJECT, NOT_JSON, invalid_request
-from backfill.batches import Batch
-from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.route_settings import RouteSettings
+from api.files import files_api as files
+from api.routes import routes_api as admin
+from backfill.batches.batch import Batch
+from backfill.platform.config import ApiKeyConfig, Settings, hash_key
+from backfill.routes.settings import RouteSettings
 
 KEY = "sk-unit"
 ROUTE_PREFIXES = ("/v1/", "/api/v1/")
@@ -343,7 +345,7 @@ def test_file_routes_answer_the_documented_models(http: TestClient) -> None:
 
 
 def test_a_batch_summary_fits_temporals_400_bytes_whatever_the_file_name() -> None:
-    from api.batches import SUMMARY_BYTES, batch_summary
+    from api.batches.batches_api import SUMMARY_BYTES, batch_summary
 
     for name in ("in.jsonl", "名" * 256, "é" * 300, "😀" * 256):
         summary = batch_summary("/v1/chat/completions", name, "workspace-" + "w" * 50)

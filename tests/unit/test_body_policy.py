@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from backfill.body_policy import outgoing_body, refused_field
-from backfill.config import ModelConfig, RouteConfig, Settings
-from backfill.input_rules import validate_input
-from backfill.upstream_request import forwarded_body, upstream_body
+from backfill.batches.input_rules import validate_input
+from backfill.platform.config import ModelConfig, RouteConfig, Settings
+from backfill.upstream.body_policy import outgoing_body, refused_field
+from backfill.upstream.request import forwarded_body, upstream_body
 
 RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
 VLLM = RouteConfig(id="r1", base_url="http://127.0.0.1:1/v1")
@@ -126,7 +126,7 @@ def test_a_live_body_with_a_key_twice_is_refused(tmp_path: Any) -> None:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from backfill.config import ApiKeyConfig, hash_key
+    from backfill.platform.config import ApiKeyConfig, hash_key
 
     settings = Settings(
         data_dir=tmp_path,

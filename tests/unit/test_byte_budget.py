@@ -1,11 +1,11 @@
-"""`backfill.byte_budget`: a claim grows within its tenant's share and the process's total,
+"""`backfill.tenancy.byte_budget`: a claim grows within its tenant's share and the process's total,
 shrinks and gives everything back; a refusal changes nothing and is counted."""
 
 from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from backfill.byte_budget import ByteBudget
+from backfill.tenancy.byte_budget import ByteBudget
 
 
 def _metric(name: str, buffer: str) -> float:

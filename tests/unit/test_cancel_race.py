@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from api import batches
+from api.batches import batches_api as batches
 from api.deps import Identity
 from api.errors import Conflict
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from openai.types import Batch
 
-from backfill.eta import ProgressLog
+from backfill.batches.eta import ProgressLog
 from tools.client.selection import input_lines, parse_kinds, to_retry
 from tools.client.watching import view_of, wait_reason
 

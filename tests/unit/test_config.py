@@ -1,4 +1,4 @@
-"""backfill.config: the checked-in backfill.toml loads; bad files fail naming the field."""
+"""backfill.platform.config: the checked-in backfill.toml loads; bad files fail naming the field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.config import ConfigError, Settings, hash_key, load_settings
+from backfill.platform.config import ConfigError, Settings, hash_key, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_TOML = REPO / "backfill.toml"
@@ -159,7 +159,7 @@ def test_hash_key() -> None:
 
 def test_only_documented_environment_names_are_read(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Stray variables (lower-case field names, MODELS, DATA_DIR) never change the config."""
-    from backfill.config import load_settings as load
+    from backfill.platform.config import load_settings as load
 
     for name, value in {
         "api_port": "1",

@@ -19,9 +19,9 @@ from api.console.sessions import IDLE_SECONDS, MAX_AGE_SECONDS, SessionsFull, Se
 from api.console.usage_page import daily_rows
 from api.deps import Identity
 from api.schemas import BatchScheduling, PreemptChannelStatus, SchedulingStatus
-from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.route_settings import RouteSettings
-from backfill.usage import UsageTotal
+from backfill.platform.config import ApiKeyConfig, Settings, hash_key
+from backfill.routes.settings import RouteSettings
+from backfill.usage.journal import UsageTotal
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
 
@@ -243,7 +243,7 @@ def test_what_users_wrote_is_escaped_in_the_pages() -> None:
     from api.console.batch_pages import actions, why_it_waits
     from api.console.sessions import SessionTable
     from api.console.web import templates
-    from backfill.batches import Batch
+    from backfill.batches.batch import Batch
 
     evil = '<img src=x onerror="alert(1)">'
     batch = Batch(
@@ -321,7 +321,7 @@ def test_the_batch_page_shows_the_pace_the_expected_finish_and_the_risk() -> Non
     from api.console.batch_pages import actions, why_it_waits
     from api.console.sessions import SessionTable
     from api.console.web import templates
-    from backfill.batches import Batch
+    from backfill.batches.batch import Batch
 
     batch = Batch(
         id="batch_x",
@@ -359,8 +359,8 @@ def route_page(doc: BatchScheduling) -> str:
 
     from api.console.sessions import SessionTable
     from api.console.web import templates
-    from backfill.gates import SETTINGS_GATES
-    from backfill.reasons import LEGITIMATE_WAITS
+    from backfill.routes.gates import SETTINGS_GATES
+    from backfill.routes.reasons import LEGITIMATE_WAITS
 
     admin = Identity(workspace="ops", role="auditor", key_name="ops")
     request = Request({"type": "http", "query_string": b"", "headers": [], "path": "/"})
@@ -381,7 +381,7 @@ def route_page(doc: BatchScheduling) -> str:
 
 
 def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
-    from backfill.reasons import WaitReason
+    from backfill.routes.reasons import WaitReason
 
     settings = RouteSettings.model_validate(
         {
@@ -415,7 +415,7 @@ def test_the_route_page_shows_the_ramp_and_what_preemption_cost() -> None:
 
 
 def test_the_route_page_shows_the_reading_the_scheduler_judged() -> None:
-    from backfill.gates.server_load import LoadReading
+    from backfill.routes.gates.server_load import LoadReading
 
     on = RouteSettings.model_validate(
         {"server_load": {"metrics_url": "http://127.0.0.1:9/metrics", "max_waiting": 4}}

@@ -654,7 +654,7 @@ def test_chart_split_workers_on_s3_keep_credentials_from_the_workflows_worker() 
 def test_chart_env_is_what_backfill_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rendered variables, loaded by backfill's own settings (with the chart's backfill.toml),
     give the S3 store and the roles: no name in the chart is misspelt."""
-    from backfill.config import Settings, load_settings
+    from backfill.platform.config import Settings, load_settings
 
     docs = by_kind_and_name({**S3_VALUES, **SPLIT_VALUES})
     (tmp_path / "backfill.toml").write_text(

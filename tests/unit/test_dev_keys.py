@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.config import (
+from backfill.platform.config import (
     Settings,
     UnsafeConfig,
     check_exposure,

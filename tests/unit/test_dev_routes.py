@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backfill.config import ModelConfig, RouteConfig, Settings
-from backfill.doctor import route_finding
+from backfill.operations.doctor import route_finding
+from backfill.platform.config import ModelConfig, RouteConfig, Settings
 from tools.dev import routes, runner
 from tools.dev.procs import free_port
 

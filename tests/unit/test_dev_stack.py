@@ -1,6 +1,6 @@
-"""The running `backfill dev`'s state file (`backfill.dev_stack`), which `backfill doctor`
-follows: believed only while the supervisor that wrote it runs, never for a dead or reused pid,
-and removed only by its writer."""
+"""The running `backfill dev`'s state file (`backfill.operations.dev_stack`), which `backfill
+doctor` follows: believed only while the supervisor that wrote it runs, never for a dead or reused
+pid, and removed only by its writer."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from backfill import dev_stack
-from backfill.config import Settings
-from backfill.doctor import follow_dev_stack
+from backfill.operations import dev_stack
+from backfill.operations.doctor import follow_dev_stack
+from backfill.platform.config import Settings
 from tools.cli import main
 
 

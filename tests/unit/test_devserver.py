@@ -20,8 +20,8 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from backfill.config import hash_key
-from backfill.search_attributes import ALL
+from backfill.batches.search_attributes import ALL
+from backfill.platform.config import hash_key
 from tools.cli import main
 from tools.dev.devserver import (
     DevServer,

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from api.errors import InvalidRequest, SearchAttributeMissing
-from api.files import check_expiry
-from backfill.reasons import WaitReason
-from backfill.store import Store
+from api.files.files_api import check_expiry
+from backfill.files import Store
+from backfill.routes.reasons import WaitReason
 from tests.stores import indexed_batch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """Keep the reference docs honest where the code is the truth:
 
-- docs/configuration.md: every setting of `backfill.config` (the settings model and its tables)
-  with its environment variable, its default and its range;
+- docs/configuration.md: every setting of `backfill.platform.config` (the settings model and its
+  tables) with its environment variable, its default and its range;
 - docs/metrics.md: every metric the processes register, with its labels, and none that is not;
 - docs/api.md: every path and method of the app's OpenAPI document, and none it lacks; every
   error code the api, the input validation and the line activity can produce;
@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from api.app import create_app
-from backfill.config import (
+from backfill.platform.config import (
     ApiKeyConfig,
     Limits,
     ModelConfig,
@@ -35,7 +35,7 @@ from backfill.config import (
     Settings,
     WorkspaceLimits,
 )
-from backfill.reasons import WaitReason
+from backfill.routes.reasons import WaitReason
 
 ROOT = Path(__file__).resolve().parents[2]
 API_CODE = re.compile(r'code="([a-z_]+)"')
@@ -194,7 +194,9 @@ def test_every_setting_is_documented_with_its_default_and_range(
 @pytest.mark.parametrize("name", ["BACKFILL_CONFIG", "BACKFILL_LOG_LEVEL", "BACKFILL_LOG_FORMAT"])
 def test_variables_read_outside_the_settings_are_documented(name: str) -> None:
     assert f"`{name}`" in doc("configuration.md")
-    assert name in source("backfill/*.py", "backfill/config/*.py", "api/*.py", "worker/*.py")
+    assert name in source(
+        "backfill/**/*.py", "backfill/platform/config/*.py", "api/**/*.py", "worker/**/*.py"
+    )
 
 
 # ---- Metrics ----
@@ -283,7 +285,7 @@ def test_the_api_reference_names_no_operation_the_app_lacks() -> None:
 
 
 def api_codes() -> set[str]:
-    api = source("api/*.py")
+    api = source("api/**/*.py")
     return set(API_CODE.findall(api) + GATEWAY_CODE.findall(api) + ENVELOPE_CODE.findall(api))
 
 
@@ -299,11 +301,11 @@ def test_every_api_error_code_is_in_the_reference(code: str) -> None:
 
 
 def input_codes() -> set[str]:
-    return set(API_CODE.findall(source("backfill/input_rules.py")))
+    return set(API_CODE.findall(source("backfill/batches/input_rules.py")))
 
 
 def input_and_line_codes() -> set[str]:
-    line_codes = set(LINE_CODE.findall(source("activities/line*.py")))
+    line_codes = set(LINE_CODE.findall(source("activities/lines/*.py")))
     final = set(FINAL_CODE.findall(source("activities/finalizing.py")))
     give_up = set(re.findall(r'give_up_code="([a-z_]+)"', source("workflows/*.py")))
     return input_codes() | line_codes | final | give_up

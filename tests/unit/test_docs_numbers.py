@@ -30,7 +30,7 @@ WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven"
 
 
 def test_the_count_of_search_attributes() -> None:
-    from backfill.search_attributes import ALL
+    from backfill.batches.search_attributes import ALL
 
     text = doc("docs/operator-guide.md")
     counts = re.findall(r"the (\w+) search attributes", text) + re.findall(
@@ -42,7 +42,7 @@ def test_the_count_of_search_attributes() -> None:
 
 
 def test_the_s3_result_key_layout() -> None:
-    from backfill.store.s3 import S3Store
+    from backfill.files.s3 import S3Store
 
     store = S3Store(client=None, bucket="b", prefix="p/")
     key = store._result_key("batch_x", 12345)
@@ -53,7 +53,7 @@ def test_the_s3_result_key_layout() -> None:
 
 
 def test_the_pace_window() -> None:
-    from backfill.eta import RECENT_SECONDS
+    from backfill.batches.eta import RECENT_SECONDS
 
     minutes = RECENT_SECONDS / 60
     for page, pattern in (

@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from api import app as api_app
-from api import proxy
-from backfill import batches
-from backfill.config import RouteConfig
-from backfill.endpoints import REGISTRY, Endpoint
-from backfill.upstream_request import build_upstream_request, forwarded_body, upstream_body
+from api.live import proxy
+from backfill.batches import batch as batches
+from backfill.platform.config import RouteConfig
+from backfill.upstream.endpoints import REGISTRY, Endpoint
+from backfill.upstream.request import build_upstream_request, forwarded_body, upstream_body
 
 
 def test_the_batch_endpoints_are_the_registry_and_typed() -> None:
@@ -73,7 +73,7 @@ def test_only_the_gateway_sets_priority() -> None:
 
 
 def test_responses_usage_is_read_with_its_details() -> None:
-    from backfill.records import usage_of
+    from backfill.batches.records import usage_of
 
     u = {
         "input_tokens": 7,
@@ -93,7 +93,7 @@ def test_responses_usage_is_read_with_its_details() -> None:
 
 
 def test_a_streamed_responses_usage_is_read_from_response_completed() -> None:
-    from api.live_usage import UsageReader
+    from api.live.usage_counts import UsageReader
 
     reader = UsageReader("text/event-stream", REGISTRY["/v1/responses"].usage)
     usage = {"input_tokens": 4, "output_tokens": 6, "total_tokens": 10}

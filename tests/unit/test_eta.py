@@ -1,5 +1,5 @@
-"""The honest ETA (backfill/eta.py), its fields on a batch read through the api (api/eta.py),
-and the exporter's at-risk gauge, without a server."""
+"""The honest ETA (backfill/batches/eta.py), its fields on a batch read through the api
+(api/batches/eta.py), and the exporter's at-risk gauge, without a server."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any, cast
 import openai
 from prometheus_client import REGISTRY
 
-from api.eta import PROGRESS, fill_eta
-from backfill.batches import BackfillExtension, Batch, RequestCounts, RouteProgress
-from backfill.config import Settings
-from backfill.eta import MAX_BATCHES, RECENT_SECONDS, ProgressLog, Sample, estimate
+from api.batches.eta import PROGRESS, fill_eta
+from backfill.batches.batch import BackfillExtension, Batch, RequestCounts, RouteProgress
+from backfill.batches.eta import MAX_BATCHES, RECENT_SECONDS, ProgressLog, Sample, estimate
+from backfill.platform.config import Settings
 from worker.exporter import Exporter
 
 

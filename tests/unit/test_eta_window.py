@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backfill.eta import RECENT_SECONDS, ProgressLog, Sample, estimate
+from backfill.batches.eta import RECENT_SECONDS, ProgressLog, Sample, estimate
 
 
 @pytest.mark.parametrize("every", [0.2, 0.5, 1.0, 5.0, 30.0])

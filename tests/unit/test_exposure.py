@@ -19,7 +19,7 @@ import uvicorn
 
 from api.app import create_app
 from api.main import server_config
-from backfill.config import ApiKeyConfig, Settings, hash_key
+from backfill.platform.config import ApiKeyConfig, Settings, hash_key
 from tests.polling import poll_until
 from tools.dev.procs import free_port
 

@@ -10,7 +10,7 @@ import pytest
 
 from activities.finalizing import FinalizeActivities
 from activities.retention import RetentionActivities
-from backfill.messages import FinalizeInput
+from backfill.platform.messages import FinalizeInput
 from tests.unit.test_run_line import BATCH, line, make, run
 
 
@@ -61,9 +61,9 @@ def test_finalizing_streams_its_files_in_bounded_memory(
     import os
     import tracemalloc
 
-    from backfill.config import Limits, Settings
-    from backfill.input_rules import validate_input
-    from backfill.store import FileStore
+    from backfill.batches.input_rules import validate_input
+    from backfill.files import FileStore
+    from backfill.platform.config import Limits, Settings
 
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # memory is measured here, not the disk
     n = 5_000

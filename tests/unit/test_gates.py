@@ -13,21 +13,21 @@ from temporalio import activity
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.server_load import ServerLoadActivities
-from backfill.gates import GATES, SETTINGS_GATES, Gate, GateContext, registry, route_gate
-from backfill.gates import backoff as backoff_gate
-from backfill.gates import live as live_gate
-from backfill.gates.backoff import Backoff, back_off
-from backfill.gates.live import (
+from backfill.platform.messages import SchedulerInput
+from backfill.routes.gates import GATES, SETTINGS_GATES, Gate, GateContext, registry, route_gate
+from backfill.routes.gates import backoff as backoff_gate
+from backfill.routes.gates import live as live_gate
+from backfill.routes.gates.backoff import Backoff, back_off
+from backfill.routes.gates.live import (
     LIVE_REPORT_TTL,
     LiveCount,
     forget_stale,
     live_expiry,
     live_in_flight,
 )
-from backfill.gates.server_load import LoadVerdict
-from backfill.messages import SchedulerInput
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates.server_load import LoadVerdict
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from workflows import patches
 
 REASON_BACKOFF, REASON_BUSY, REASON_LIVE = WaitReason.BACKOFF, WaitReason.BUSY, WaitReason.LIVE

@@ -1,5 +1,5 @@
 """The input is read once at create (issue 49): its line count and its first request line come
-from one pass (`api.input_scan`), and a create opens the input once."""
+from one pass (`api.batches.input_scan`), and a create opens the input once."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any, BinaryIO, cast
 import pytest
 from temporalio.client import Client
 
-from api.batches import create_batch
+from api.batches.batches_api import create_batch
+from api.batches.input_scan import scan_input
 from api.deps import Identity
-from api.input_scan import scan_input
 from api.schemas import CreateBatch
-from backfill.admission import ReserveRequest, ReserveResult
-from backfill.config import Settings
-from backfill.messages import BatchInput
-from backfill.store import FileStore
-from backfill.store.base import CHUNK_BYTES
+from backfill.files import FileStore
+from backfill.files.base import CHUNK_BYTES
+from backfill.platform.config import Settings
+from backfill.platform.messages import BatchInput
+from backfill.tenancy.admission import ReserveRequest, ReserveResult
 
 
 class CountingStore(FileStore):

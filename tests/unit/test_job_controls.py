@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from api import batches, jobs
+from api.batches import batches_api as batches
 from api.deps import Identity
 from api.errors import Conflict
-from backfill.batches import Batch, RequestCounts
-from backfill.jobs import JOB_METADATA
+from api.jobs import jobs_api as jobs
+from backfill.batches.batch import Batch, RequestCounts
+from backfill.batches.jobs import JOB_METADATA
 
 ALICE = Identity(workspace="alice", role="member", key_name="alice")
 

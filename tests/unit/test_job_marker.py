@@ -11,13 +11,13 @@ from typing import Any, BinaryIO
 import pytest
 from fastapi.testclient import TestClient
 
-from api import jobs
 from api.app import create_app
-from backfill.batches import Batch, RequestCounts
-from backfill.config import ApiKeyConfig, Settings, hash_key
-from backfill.jobs import JOB_CUSTOM_ID, JOB_METADATA, RECORD_HEAD_BYTES
-from backfill.records import response_record_bytes
-from backfill.store import Store, open_store
+from api.jobs import jobs_api as jobs
+from backfill.batches.batch import Batch, RequestCounts
+from backfill.batches.jobs import JOB_CUSTOM_ID, JOB_METADATA, RECORD_HEAD_BYTES
+from backfill.batches.records import response_record_bytes
+from backfill.files import Store, open_store
+from backfill.platform.config import ApiKeyConfig, Settings, hash_key
 
 CHAT = "/v1/chat/completions"
 LINE = {"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": "demo", "messages": []}}
@@ -151,7 +151,7 @@ async def test_a_job_output_is_held_against_the_process_buffers_until_sent(
     `gateway_busy` when that does not fit; given back once the answer is sent."""
     from api.deps import Identity
     from api.errors import RetryLater
-    from backfill.byte_budget import ByteBudget
+    from backfill.tenancy.byte_budget import ByteBudget
 
     store = open_store(Settings(data_dir=tmp_path))
     record = response_record_bytes(JOB_CUSTOM_ID, 200, "req_1", json.dumps({"id": "x"}))

@@ -1,5 +1,5 @@
-"""The job view of a one-line batch (backfill/jobs.py): every state of the mapping, the fields
-read from the line's committed record, and the line a job's batch is made of."""
+"""The job view of a one-line batch (backfill/batches/jobs.py): every state of the mapping, the
+fields read from the line's committed record, and the line a job's batch is made of."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from backfill.batches import Batch, BatchError, BatchErrors, RequestCounts, RouteProgress
-from backfill.config import Settings
-from backfill.input_rules import validate_input
-from backfill.jobs import (
+from backfill.batches.batch import Batch, BatchError, BatchErrors, RequestCounts, RouteProgress
+from backfill.batches.input_rules import validate_input
+from backfill.batches.jobs import (
     JOB_CUSTOM_ID,
     JOB_MEMO,
     JOB_METADATA,
@@ -23,7 +22,8 @@ from backfill.jobs import (
     job_state,
     read_record,
 )
-from backfill.records import error_record_bytes, response_record_bytes
+from backfill.batches.records import error_record_bytes, response_record_bytes
+from backfill.platform.config import Settings
 
 ANSWER = {"id": "chatcmpl-1", "object": "chat.completion", "choices": []}
 
@@ -262,7 +262,7 @@ def test_a_bad_job_is_a_400_naming_the_field(
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from backfill.config import ApiKeyConfig, hash_key
+    from backfill.platform.config import ApiKeyConfig, hash_key
 
     settings = Settings.model_validate(
         {

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from api.admin import RouteLines, route_lines
-from backfill.batches import Batch
-from backfill.gates import Gate
-from backfill.lanes import Lane, RouteAssignment, Tries, demand_to_report, pace_to_report
-from backfill.lifecycle import show_done, show_progress
-from backfill.messages import BatchSlot, SchedulerInput
-from backfill.route_settings import RouteSettings
+from api.routes.routes_api import RouteLines, route_lines
+from backfill.batches.batch import Batch
+from backfill.batches.lanes import Lane, RouteAssignment, Tries, demand_to_report, pace_to_report
+from backfill.batches.lifecycle import show_done, show_progress
+from backfill.platform.messages import BatchSlot, SchedulerInput
+from backfill.routes.gates import Gate
+from backfill.routes.settings import RouteSettings
 from workflows.scheduler_view import scheduler_status
 
 

@@ -1,4 +1,4 @@
-"""backfill.lifecycle: every status transition (legal and illegal), expiry, the extension
+"""backfill.batches.lifecycle: every status transition (legal and illegal), expiry, the extension
 fields and the next wake-up, without a server."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import get_args
 
 import pytest
 
-from backfill.batches import Batch, BatchStatus, RequestCounts, TokenCounts
-from backfill.lanes import Lane
-from backfill.lifecycle import (
+from backfill.batches.batch import Batch, BatchStatus, RequestCounts, TokenCounts
+from backfill.batches.lanes import Lane
+from backfill.batches.lifecycle import (
     KEEPALIVE_SECONDS,
     NEXT_STATUSES,
     STAMPS,
@@ -25,7 +25,7 @@ from backfill.lifecycle import (
     tally_line,
     transition,
 )
-from backfill.messages import BatchInput, LineOutcome
+from backfill.platform.messages import BatchInput, LineOutcome
 
 NOW = 1_800_000_000
 ALL: tuple[BatchStatus, ...] = get_args(BatchStatus)
@@ -185,8 +185,8 @@ def test_next_wakeup_is_the_earliest_deadline() -> None:
 
 
 def test_current_details_show_summary_status_progress_and_routes() -> None:
-    from backfill.batches import RouteProgress
-    from backfill.lifecycle import current_details
+    from backfill.batches.batch import RouteProgress
+    from backfill.batches.lifecycle import current_details
 
     b = initial_batch(
         BatchInput(

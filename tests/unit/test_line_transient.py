@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.line_answers import parse_retry_after
+from activities.lines.answers import parse_retry_after
 from tests.unit.test_run_line import line, make, record, run
 
 

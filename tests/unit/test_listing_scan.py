@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from api import batch_reads
-from api.batch_reads import SCAN_ROWS, list_page, list_window_rows
+from api.batches import reads as batch_reads
+from api.batches.reads import SCAN_ROWS, list_page, list_window_rows
 from api.errors import TEMPORAL_TRANSIENT, InvalidRequest
-from backfill import search_attributes as sa
-from backfill.batches import Batch
-from backfill.ids import new_batch_id
+from backfill.batches import search_attributes as sa
+from backfill.batches.batch import Batch
+from backfill.platform.ids import new_batch_id
 
 NOW = 2_000_000_000
 LIMIT = 20

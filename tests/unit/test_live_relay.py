@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from api.live_relay import RelayBudget, RelayBuffer
+from api.live.relay import RelayBudget, RelayBuffer
 
 
 async def test_an_answer_within_its_bound_is_read_whole_before_the_client_takes_any() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.live_reporter import KEEPALIVE_SECONDS, should_report
+from api.live.reporter import KEEPALIVE_SECONDS, should_report
 
 
 def report(**kw: object) -> bool:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from api.live_traffic import TTFT_WINDOW_S, LiveTraffic
+from api.live.traffic import TTFT_WINDOW_S, LiveTraffic
 
 
 def gauge(route: str) -> float | None:

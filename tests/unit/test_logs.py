@@ -1,11 +1,11 @@
-"""JSON log lines (backfill/logs.py): context fields kept, anything else left out."""
+"""JSON log lines (backfill/platform/logs.py): context fields kept, anything else left out."""
 
 from __future__ import annotations
 
 import json
 import logging
 
-from backfill.logs import JsonFormatter
+from backfill.platform.logs import JsonFormatter
 
 
 def record(**extra: object) -> logging.LogRecord:

@@ -12,17 +12,17 @@ import pytest
 from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from backfill.config import load_settings
-from backfill.gates import GATES, Gate, GateContext, route_gate
-from backfill.gates import maintenance as hold_gate
-from backfill.gates.backoff import Backoff
-from backfill.gates.base import OPEN
-from backfill.gates.maintenance import MAX_HOLD, MaintenanceHold
-from backfill.gates.server_load import LoadVerdict
-from backfill.messages import SchedulerInput
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
-from backfill.schedulers import scheduler_input
+from backfill.platform.config import load_settings
+from backfill.platform.messages import SchedulerInput
+from backfill.routes.gates import GATES, Gate, GateContext, route_gate
+from backfill.routes.gates import maintenance as hold_gate
+from backfill.routes.gates.backoff import Backoff
+from backfill.routes.gates.base import OPEN
+from backfill.routes.gates.maintenance import MAX_HOLD, MaintenanceHold
+from backfill.routes.gates.server_load import LoadVerdict
+from backfill.routes.reasons import WaitReason
+from backfill.routes.scheduler_client import scheduler_input
+from backfill.routes.settings import RouteSettings
 
 START = datetime(2026, 12, 5, 1, 30, tzinfo=UTC)
 END = START + timedelta(hours=2)

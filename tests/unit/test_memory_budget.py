@@ -5,8 +5,8 @@ limits of 1 and 2 GiB). And docs/operator-guide.md, "Memory budget per process",
 very numbers.
 
 Every part is a bound of the process, not of a request or a workspace: a budget every such
-buffer draws on (`backfill.byte_budget`), or a count the process caps (threads, connections, the
-event loop decoding one thing at a time) times a per-item cap."""
+buffer draws on (`backfill.tenancy.byte_budget`), or a count the process caps (threads, connections,
+the event loop decoding one thing at a time) times a per-item cap."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
-from activities.lines import ANSWER_COPIES, BUFFER_WAIT_SECONDS, REQUEST_COPIES
+from activities.lines.run_line import ANSWER_COPIES, BUFFER_WAIT_SECONDS, REQUEST_COPIES
 from api.app import UPSTREAM_LIMITS
-from api.live_relay import UNCHARGED_CHUNK_BYTES
-from api.live_usage import DECODED_COPIES, MAX_JSON_BYTES
+from api.batches.results import PAGE_BYTES, PAGE_READERS
+from api.live.proxy import ERROR_BODY_LIMIT
+from api.live.relay import UNCHARGED_CHUNK_BYTES
+from api.live.usage_counts import DECODED_COPIES, MAX_JSON_BYTES
 from api.middleware import BODY_COPIES
-from api.proxy import ERROR_BODY_LIMIT
-from api.results import PAGE_BYTES, PAGE_READERS
-from backfill.byte_budget import API_BASELINE_BYTES, WORKER_BASELINE_BYTES
-from backfill.config import Settings
-from backfill.jobs import RECORD_HEAD_BYTES
-from backfill.streamed_answer import MAX_EVENT_BYTES
+from backfill.batches.jobs import RECORD_HEAD_BYTES
+from backfill.batches.streamed_answer import MAX_EVENT_BYTES
+from backfill.platform.config import Settings
+from backfill.tenancy.byte_budget import API_BASELINE_BYTES, WORKER_BASELINE_BYTES
 from tests.unit.test_deploy import ROOT, render_chart
 
 MiB = 1 << 20

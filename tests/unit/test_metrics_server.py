@@ -12,7 +12,7 @@ from threading import Thread
 
 import pytest
 
-from backfill.config import Settings
+from backfill.platform.config import Settings
 from worker.main import start_metrics
 from worker.metrics_server import (
     MAX_CONNECTIONS,

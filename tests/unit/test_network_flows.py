@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from backfill.config import Settings
+from backfill.platform.config import Settings
 from tests.unit.test_deploy import ROOT, all_documents, render_chart
 
 NAMESPACE = "batch"
@@ -53,14 +53,18 @@ FLOWS = [
     Flow("Prometheus to the api", "prometheus", "api", "api_metrics_port", ()),
     Flow("Prometheus to the workers", "prometheus", "worker", "worker_metrics_port", ()),
     Flow(
-        "api to Temporal", "api", "temporal", "TEMPORAL_ADDRESS", ("backfill/temporal_client.py",)
+        "api to Temporal",
+        "api",
+        "temporal",
+        "TEMPORAL_ADDRESS",
+        ("backfill/platform/temporal_client.py",),
     ),
     Flow(
         "workers to Temporal",
         "worker",
         "temporal",
         "TEMPORAL_ADDRESS",
-        ("backfill/temporal_client.py",),
+        ("backfill/platform/temporal_client.py",),
     ),
     Flow(
         "api to the model servers",
@@ -74,7 +78,7 @@ FLOWS = [
         "activity-worker",
         "model-server",
         "base_url",
-        ("worker/upstream.py", "backfill/load_reader.py"),
+        ("worker/upstream.py", "backfill/upstream/load_reader.py"),
     ),
     Flow("api to DNS", "api", "dns", "53", (), protocol="UDP"),
     Flow("workers to DNS", "worker", "dns", "53", (), protocol="UDP"),
@@ -83,7 +87,7 @@ FLOWS = [
         "api",
         "activity-worker",
         "worker_metrics_port",
-        ("api/preempt_push.py",),
+        ("api/preemption/push.py",),
         when="preempt",
     ),
     Flow(
@@ -91,7 +95,7 @@ FLOWS = [
         "activity-worker",
         "activity-worker",
         "worker_metrics_port",
-        ("worker/peers.py",),
+        ("worker/preemption/peers.py",),
         when="preempt",
     ),
     Flow(
@@ -99,7 +103,7 @@ FLOWS = [
         "api",
         "external",
         "BACKFILL_S3_ENDPOINT_URL",
-        ("backfill/store/s3_objects.py",),
+        ("backfill/files/s3_objects.py",),
         when="s3, egress.extra",
     ),
     Flow(
@@ -107,7 +111,7 @@ FLOWS = [
         "activity-worker",
         "external",
         "BACKFILL_S3_ENDPOINT_URL",
-        ("backfill/store/s3_objects.py",),
+        ("backfill/files/s3_objects.py",),
         when="s3, egress.extra",
     ),
     Flow(
@@ -123,7 +127,7 @@ FLOWS = [
         "api",
         "external",
         "4318",
-        ("backfill/tracing.py",),
+        ("backfill/platform/tracing.py",),
         when="egress.extra",
     ),
     Flow(
@@ -131,14 +135,14 @@ FLOWS = [
         "worker",
         "external",
         "4318",
-        ("backfill/tracing.py",),
+        ("backfill/platform/tracing.py",),
         when="egress.extra",
     ),
 ]
 
 NOT_FLOWS = {
-    "backfill/doctor.py": "`backfill doctor`, run by an operator: it makes the flows of the api "
-    "and the workers (Temporal, the model servers) from wherever it runs",
+    "backfill/operations/doctor.py": "`backfill doctor`, run by an operator: it makes the flows of "
+    "the api and the workers (Temporal, the model servers) from wherever it runs",
     "worker/metrics_server.py": "reads the Temporal SDK's metrics on the pod's loopback",
 }
 """Modules that open connections that are no flow between pods."""

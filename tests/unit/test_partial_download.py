@@ -1,5 +1,5 @@
 """`backfill batch download --partial` (tools/client/results.py) writes the records byte for byte
-as the final output and error files hold them: the page the api serves (api/results.py, on a
+as the final output and error files hold them: the page the api serves (api/batches/results.py, on a
 real store) is read without decoding a record, so non-ASCII text, `1.10` and `1e999` in a model's
 answer come out as they went in."""
 
@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from activities.finalizing import FinalizeActivities
-from api.results import Cursor, read_page
-from backfill.messages import FinalizeInput
-from backfill.records import error_record_bytes, response_record_bytes
-from backfill.store import Store
+from api.batches.results import Cursor, read_page
+from backfill.batches.records import error_record_bytes, response_record_bytes
+from backfill.files import Store
+from backfill.platform.messages import FinalizeInput
 from tests.unit.test_partial_results import BATCH, prepared
 from tools.client.connection import Connection
 from tools.client.raw_page import read_page as read_raw_page

@@ -1,5 +1,5 @@
-"""Partial results (api/results.py) on a real store: pages follow the committed prefix in input
-order, the cursor never serves a record twice, and across finalizing (the per-line results
+"""Partial results (api/batches/results.py) on a real store: pages follow the committed prefix in
+input order, the cursor never serves a record twice, and across finalizing (the per-line results
 dropped, the files assembled) the union of all pages is exactly the output and error files."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from activities.finalizing import FinalizeActivities
+from api.batches.results import Cursor, read_page
 from api.errors import InvalidRequest
-from api.results import Cursor, read_page
-from backfill.config import Settings
-from backfill.input_rules import validate_input
-from backfill.messages import FinalizeInput
-from backfill.store import FileStore, Store
+from backfill.batches.input_rules import validate_input
+from backfill.files import FileStore, Store
+from backfill.platform.config import Settings
+from backfill.platform.messages import FinalizeInput
 
 BATCH = "batch_partial"
 SETTINGS = Settings(

@@ -11,19 +11,19 @@ from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.preemption import ADJUST_EVERY, DOOR_LIMIT, PreemptBoard
-from backfill.gates import seats as seats_gate
-from backfill.gates.base import GateContext
-from backfill.gates.live import LiveCount
-from backfill.gates.preempt import PreemptPolicy
-from backfill.gates.seats import (
+from activities.preemption.board import ADJUST_EVERY, DOOR_LIMIT, PreemptBoard
+from backfill.platform.messages import LineOutcome
+from backfill.routes.gates import seats as seats_gate
+from backfill.routes.gates.base import GateContext
+from backfill.routes.gates.live import LiveCount
+from backfill.routes.gates.preempt import PreemptPolicy
+from backfill.routes.gates.seats import (
     HELD_BACK_TTL,
     HeldBackCount,
     SeatAware,
     held_back_seats,
     keep_held_back,
 )
-from backfill.messages import LineOutcome
 from tests.unit.test_preemption import POLICY, Clock, hanging_upstream, preemptible, report
 from tests.unit.test_run_line import BATCH, line
 from workflows.line_activity import LINE_HEARTBEAT_SECONDS

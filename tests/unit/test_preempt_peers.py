@@ -1,4 +1,4 @@
-"""Finding preemptive yield's workers on the task queue (`backfill.preempt_peers`): a worker's
+"""Finding preemptive yield's workers on the task queue (`backfill.preemption.peers`): a worker's
 identity names its channel, and a poller's identity is read back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from backfill.preempt_peers import POLLER_FRESH, channel_url, find_workers, identity, url_of
+from backfill.preemption.peers import POLLER_FRESH, channel_url, find_workers, identity, url_of
 
 
 def test_an_identity_names_the_channel_and_is_read_back() -> None:

@@ -7,18 +7,18 @@ import asyncio
 import json
 import time
 
-from activities.preemption import REPORT_TTL, PreemptBoard
-from backfill.gates.preempt import PreemptPolicy
-from backfill.messages import PeerLinesReport
-from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from activities.preemption.board import REPORT_TTL, PreemptBoard
+from backfill.platform.messages import PeerLinesReport
+from backfill.preemption.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from backfill.routes.gates.preempt import PreemptPolicy
 from tests.unit.test_preemption import TOKEN, Clock
-from worker.preempt_channel import LINES_PATH, PreemptChannel
+from worker.preemption.channel import LINES_PATH, PreemptChannel
 
 POLICY = PreemptPolicy(batch_seats=3, max_preemptions=100)
 
 
 def report_of(board: PreemptBoard, worker: str, route: str = "r1") -> PeerLinesReport:
-    """The lines report `board`'s worker sends the others now (`worker.peers`)."""
+    """The lines report `board`'s worker sends the others now (`worker.preemption.peers`)."""
     own = board.own_lines(route)
     return PeerLinesReport(
         worker=worker,
@@ -29,7 +29,7 @@ def report_of(board: PreemptBoard, worker: str, route: str = "r1") -> PeerLinesR
 
 
 def deliver(board: PreemptBoard, report: PeerLinesReport) -> int:
-    """`report` arriving at `board` (what `worker.preempt_channel` hands the loop)."""
+    """`report` arriving at `board` (what `worker.preemption.channel` hands the loop)."""
     return board.peer_lines(report.route, report.worker, report.lines, report.started_at)
 
 

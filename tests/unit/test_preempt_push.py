@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from api.live_traffic import LiveTraffic
-from api.preempt_push import PreemptSender
-from backfill.gates.preempt import PreemptPolicy
+from api.live.traffic import LiveTraffic
+from api.preemption.push import PreemptSender
+from backfill.routes.gates.preempt import PreemptPolicy
 
 POLICY = PreemptPolicy(batch_seats=6, max_preemptions=3)
 
@@ -47,7 +47,7 @@ class SlowLink:
 
 
 async def test_a_live_arrival_is_sent_while_the_policy_read_hangs(monkeypatch: Any) -> None:
-    monkeypatch.setattr("api.preempt_push.POLICY_TTL", 0.0)  # re-read at once, and hang
+    monkeypatch.setattr("api.preemption.push.POLICY_TTL", 0.0)  # re-read at once, and hang
     reports: list[dict[str, Any]] = []
     got = asyncio.Event()
 

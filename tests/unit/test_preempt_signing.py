@@ -20,12 +20,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from activities.preemption import PreemptBoard
-from api.live_traffic import LiveTraffic
-from api.preempt_push import PreemptSender
-from backfill.config import Settings
-from backfill.preempt_peers import find_workers, parse_networks
-from backfill.preempt_signing import (
+from activities.preemption.board import PreemptBoard
+from api.live.traffic import LiveTraffic
+from api.preemption.push import PreemptSender
+from backfill.platform.config import Settings
+from backfill.preemption.peers import find_workers, parse_networks
+from backfill.preemption.signing import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     WINDOW,
@@ -34,8 +34,8 @@ from backfill.preempt_signing import (
 )
 from tests.unit.test_preempt_push import POLICY, SlowLink
 from tests.unit.test_preemption import TOKEN
-from worker.peers import PeerSender
-from worker.preempt_channel import LINES_PATH, PATH, PreemptChannel
+from worker.preemption.channel import LINES_PATH, PATH, PreemptChannel
+from worker.preemption.peers import PeerSender
 
 
 def live_body(process: str = "api-a", live: int = 2) -> bytes:
@@ -254,7 +254,7 @@ async def test_an_unreachable_worker_is_counted_and_logged_at_warning(
         "api-1",
         transport=httpx.MockTransport(gone),
     )
-    with caplog.at_level(logging.WARNING, logger="api.preempt_push"):
+    with caplog.at_level(logging.WARNING, logger="api.preemption.push"):
         sender.start()
         try:
             async with asyncio.timeout(10):

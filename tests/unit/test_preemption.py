@@ -1,5 +1,5 @@
-"""Preemptive yield: the pure decision (`backfill.gates.preempt`), a worker's board
-(`activities.preemption`), the line activity ending its upstream request without committing
+"""Preemptive yield: the pure decision (`backfill.routes.gates.preempt`), a worker's board
+(`activities.preemption.board`), the line activity ending its upstream request without committing
 (exactly once per custom_id), and the worker's channel endpoint."""
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import pytest
 from prometheus_client import REGISTRY
 from temporalio.testing import ActivityEnvironment
 
-from activities.lines import LineActivities
-from activities.preemption import ADJUST_EVERY, REPORT_TTL, PreemptBoard
-from api.live_reporter import should_report
-from backfill.gates import seats as seats_gate
-from backfill.gates.base import GateContext
-from backfill.gates.preempt import (
+from activities.lines.run_line import LineActivities
+from activities.preemption.board import ADJUST_EVERY, REPORT_TTL, PreemptBoard
+from api.live.reporter import should_report
+from backfill.platform.messages import LineOutcome
+from backfill.preemption.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from backfill.routes.gates import seats as seats_gate
+from backfill.routes.gates.base import GateContext
+from backfill.routes.gates.preempt import (
     Preempt,
     PreemptPolicy,
     excess,
@@ -27,13 +29,11 @@ from backfill.gates.preempt import (
     lines_to_preempt,
     may_send,
 )
-from backfill.gates.preempt import policy as preempt_policy
-from backfill.gates.seats import SeatAware
-from backfill.messages import LineOutcome
-from backfill.preempt_signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates.preempt import policy as preempt_policy
+from backfill.routes.gates.seats import SeatAware
+from backfill.routes.settings import RouteSettings
 from tests.unit.test_run_line import BATCH, OK_BODY, line, make, record
-from worker.preempt_channel import PATH, PreemptChannel
+from worker.preemption.channel import PATH, PreemptChannel
 
 TOKEN = "t" * 32
 """A channel token of the shortest length accepted."""

@@ -1,5 +1,5 @@
-"""Line order for the prefix cache (`backfill.prefix_order`) and the validation activity writing
-each route's line list in that order, the output's order untouched."""
+"""Line order for the prefix cache (`backfill.batches.prefix_order`) and the validation activity
+writing each route's line list in that order, the output's order untouched."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from array import array
 from pathlib import Path
 
 from activities.validation import ValidationActivities
-from backfill.config import Settings
-from backfill.config.sections import Limits
-from backfill.messages import ValidateInput
-from backfill.prefix_order import BLOCK_BYTES, order, prefix_key, prompt_text, reorder
-from backfill.store import FileStore
+from backfill.batches.prefix_order import BLOCK_BYTES, order, prefix_key, prompt_text, reorder
+from backfill.files import FileStore
+from backfill.platform.config import Settings
+from backfill.platform.config.sections import Limits
+from backfill.platform.messages import ValidateInput
 
 SYSTEM_A = "You are a careful translator. " * 20  # 600 bytes: over two levels
 SYSTEM_B = "You are a terse summariser. " * 20

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from temporalio.client import DescribeWorkflowInput
 
-from api.proxy import _is_envelope, _wrap
+from api.live.proxy import _is_envelope, _wrap
 from api.request_id import _ACCEPTED, new_request_id
 from api.temporal_link import RPC_TIMEOUT, _with_deadline
 

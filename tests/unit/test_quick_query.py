@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from api import history_view
+from api.batches import history_view
 
 
 class StuckHandle:

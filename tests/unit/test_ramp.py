@@ -1,5 +1,5 @@
-"""The reopen ramp (backfill/gates/ramp.py), pure: a rise of the route's limit restarts lines at
-`initial` (or what already ran) and doubles every `double_every_s` up to it; a fall applies at
+"""The reopen ramp (backfill/routes/gates/ramp.py), pure: a rise of the route's limit restarts lines
+at `initial` (or what already ran) and doubles every `double_every_s` up to it; a fall applies at
 once; a closed gate ends the ramp. And how the scheduler's gate and status carry it."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from backfill.gates import Gate, GateContext, ramped
-from backfill.gates.ramp import RampState, ReopenRamp, ramp
-from backfill.messages import BatchSlot, SchedulerInput
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.platform.messages import BatchSlot, SchedulerInput
+from backfill.routes.gates import Gate, GateContext, ramped
+from backfill.routes.gates.ramp import RampState, ReopenRamp, ramp
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from workflows.scheduler_view import effective_cap, scheduler_status
 
 T0 = 1_700_000_000.0

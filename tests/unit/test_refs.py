@@ -1,4 +1,4 @@
-"""The typed references in backfill.refs name exactly what the real workflows define."""
+"""The typed references in backfill.platform.refs name exactly what the real workflows define."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any, get_type_hints
 import pytest
 from temporalio import workflow
 
-from backfill import refs
-from backfill.gates import registry
+from backfill.platform import refs
+from backfill.routes.gates import registry
 from workflows.admission import AdmissionWorkflow
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow

@@ -13,10 +13,10 @@ import pytest
 
 from activities import finalizing
 from activities.finalizing import FinalizeActivities
+from api.batches.results import Cursor, read_page
 from api.errors import InvalidRequest
-from api.results import Cursor, read_page
-from backfill.messages import FinalizeInput
-from backfill.store import FileStore
+from backfill.files import FileStore
+from backfill.platform.messages import FinalizeInput
 from tests.unit.test_partial_results import BATCH, commit, fetch, file_records, prepared
 
 

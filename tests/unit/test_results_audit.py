@@ -11,12 +11,12 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from api import results
+from api.batches import results
 from api.deps import Identity
-from backfill import search_attributes as sa
-from backfill.byte_budget import ByteBudget
-from backfill.config import Settings
-from backfill.store import open_store
+from backfill.batches import search_attributes as sa
+from backfill.files import open_store
+from backfill.platform.config import Settings
+from backfill.tenancy.byte_budget import ByteBudget
 
 ADMIN = Identity(workspace="ops", role="platform_admin", key_name="ops", key_id="key_ops")
 

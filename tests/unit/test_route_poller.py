@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.route_poller import RoutePoller
-from backfill.messages import LiveGateView
+from api.routes.poller import RoutePoller
+from backfill.platform.messages import LiveGateView
 
 
 class Scheduler:

@@ -1,4 +1,4 @@
-"""Route settings as code (backfill.route_settings, decision 0039): a route's `settings` table in
+"""Route settings as code (backfill.routes.settings, decision 0039): a route's `settings` table in
 the config file is validated at load as a PUT would be, failing with the route and the field;
 it is applied when the scheduler starts and again only when it changes; between changes a PUT
 wins; and every setting says where it came from."""
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from backfill.config import ConfigError, load_settings
-from backfill.route_settings import (
+from backfill.platform.config import ConfigError, load_settings
+from backfill.routes.scheduler_client import scheduler_input
+from backfill.routes.settings import (
     ConfiguredSettings,
     RouteSettings,
     after_put,
@@ -18,7 +19,6 @@ from backfill.route_settings import (
     initial,
     sources_of,
 )
-from backfill.schedulers import scheduler_input
 
 ROUTE = """
 [[models]]

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backfill.gates.registry import SETTINGS_GATES
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates.registry import SETTINGS_GATES
+from backfill.routes.settings import RouteSettings
 
 BEFORE = Path(__file__).parents[1] / "fixtures" / "route_settings_before_classes.json"
 """The schema and dumps of `RouteSettings` as `pydantic.create_model` built it from the registry

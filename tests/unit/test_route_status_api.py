@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.schemas import SchedulingStatus
-from backfill.config import ApiKeyConfig, ModelConfig, RouteConfig, Settings, hash_key
-from backfill.gates import registry
-from backfill.gates.base import Gate
-from backfill.gates.server_load import LoadReading, LoadVerdict
-from backfill.route_settings import RouteSettings
-from backfill.route_status import RouteState, SchedulerStatus
+from backfill.platform.config import ApiKeyConfig, ModelConfig, RouteConfig, Settings, hash_key
+from backfill.routes.gates import registry
+from backfill.routes.gates.base import Gate
+from backfill.routes.gates.server_load import LoadReading, LoadVerdict
+from backfill.routes.settings import RouteSettings
+from backfill.routes.status import RouteState, SchedulerStatus
 
 ADMIN = "sk-admin"
 METRICS = (Path(__file__).parents[1] / "fixtures" / "server-metrics" / "metrics-1.txt").read_bytes()

@@ -1,4 +1,4 @@
-"""Unit tests for backfill.routing (pure functions, no server)."""
+"""Unit tests for backfill.routes.routing (pure functions, no server)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import hashlib
 from collections import Counter
 from unittest import mock
 
-from backfill import routing
-from backfill.config import ModelConfig, RouteConfig
-from backfill.routing import choose_route
+from backfill.platform.config import ModelConfig, RouteConfig
+from backfill.routes import routing
+from backfill.routes.routing import choose_route
 
 
 def model(*weights: int) -> ModelConfig:

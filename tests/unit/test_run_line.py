@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import REGISTRY
 from temporalio.testing import ActivityEnvironment
 
-from activities.lines import MAX_RESENDS, LineActivities
+from activities.lines.run_line import MAX_RESENDS, LineActivities
 from activities.validation import ValidationActivities
-from backfill.config import Settings
-from backfill.messages import LineInput, ValidateInput
-from backfill.store import FileStore
+from backfill.files import FileStore
+from backfill.platform.config import Settings
+from backfill.platform.messages import LineInput, ValidateInput
 
 BATCH = "batch_unit"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -290,7 +290,7 @@ def test_an_unexpected_exception_reading_the_line_commits_a_failed_record(
     def broken(*args: object, **kwargs: object) -> object:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("activities.lines.strict_json.loads", broken)
+    monkeypatch.setattr("activities.lines.run_line.strict_json.loads", broken)
     out = run(acts, line(file_id))
     assert out.error_code == "internal_error" and not out.retry and calls == []
     assert record(store)["error"] == {"code": "internal_error", "message": "RuntimeError: a bug"}
@@ -304,7 +304,7 @@ def test_an_unexpected_exception_sending_the_line_commits_a_failed_record(
     def broken(*args: object, **kwargs: object) -> object:
         raise KeyError("body")
 
-    monkeypatch.setattr("activities.lines.upstream_body", broken)
+    monkeypatch.setattr("activities.lines.run_line.upstream_body", broken)
     out = run(acts, line(file_id, final=False))  # not the final attempt: still no loop
     assert out.error_code == "internal_error" and not out.retry
     rec = record(store)
@@ -312,7 +312,7 @@ def test_an_unexpected_exception_sending_the_line_commits_a_failed_record(
 
 
 def test_the_line_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from activities import lines
+    from activities.lines import run_line as lines
 
     acts, file_id, store = make(tmp_path, lambda r: httpx.Response(200, json=OK_BODY))
     decoded: list[bytes] = []
@@ -322,7 +322,7 @@ def test_the_line_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         decoded.append(bytes(data))
         return real(data, **kwargs)
 
-    monkeypatch.setattr("activities.lines.strict_json.loads", counting)
+    monkeypatch.setattr("activities.lines.run_line.strict_json.loads", counting)
     assert run(acts, line(file_id)).ok
     raw = store.read_line(BATCH, file_id, 0)
     assert decoded.count(raw) == 1  # the other decoding is the upstream's answer

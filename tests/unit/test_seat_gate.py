@@ -1,5 +1,5 @@
-"""Seat-aware admission (backfill/gates/seats.py), pure: the allotment is the seats live traffic
-leaves, a number the scheduler applies as min(cap, limit), and 0 closes the gate."""
+"""Seat-aware admission (backfill/routes/gates/seats.py), pure: the allotment is the seats live
+traffic leaves, a number the scheduler applies as min(cap, limit), and 0 closes the gate."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from backfill.gates import GateContext, route_gate
-from backfill.gates.live import LIVE_REPORT_TTL, LiveCount
-from backfill.gates.seats import READING_FRESH_SECONDS, SeatAware, decide
-from backfill.gates.server_load import LoadReading, LoadVerdict
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates import GateContext, route_gate
+from backfill.routes.gates.live import LIVE_REPORT_TTL, LiveCount
+from backfill.routes.gates.seats import READING_FRESH_SECONDS, SeatAware, decide
+from backfill.routes.gates.server_load import LoadReading, LoadVerdict
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from workflows.scheduler_view import effective_cap
 
 NOW = 1_000_000.0

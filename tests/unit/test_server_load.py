@@ -15,15 +15,15 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from backfill.gates.server_load import LoadReading, ServerLoadSettings, judge
-from backfill.load_metrics import (
+from backfill.routes.gates.server_load import LoadReading, ServerLoadSettings, judge
+from backfill.upstream.load_metrics import (
     approve_metrics_url,
     approved_bases,
     metrics_url_for,
     parse_load,
     parse_local_upstreams,
 )
-from backfill.load_reader import (
+from backfill.upstream.load_reader import (
     RERESOLVE_SECONDS,
     REUSE_SECONDS,
     ServerLoadReader,
@@ -510,7 +510,7 @@ async def test_reads_the_simulator() -> None:
 def test_a_reading_is_exported_per_signal_and_a_failed_one_as_an_error() -> None:
     from prometheus_client import REGISTRY
 
-    from backfill.load_reader import export_reading
+    from backfill.upstream.load_reader import export_reading
 
     def sample(name: str, **labels: str) -> float | None:
         return REGISTRY.get_sample_value(name, labels)

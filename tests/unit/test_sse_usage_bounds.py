@@ -9,8 +9,8 @@ import tracemalloc
 
 import pytest
 
-from api import live_usage
-from api.live_usage import UsageReader
+from api.live import usage_counts as live_usage
+from api.live.usage_counts import UsageReader
 
 CAP = 64 * 1024
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from backfill.batches import BackfillExtension, Batch, RouteProgress
-from backfill.metrics import outcome_class
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
-from backfill.route_status import BatchStatusEntry, SchedulerStatus
+from backfill.batches.batch import BackfillExtension, Batch, RouteProgress
+from backfill.platform.metrics import outcome_class
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
+from backfill.routes.status import BatchStatusEntry, SchedulerStatus
 from worker.exporter import route_reason
 from worker.stall import StallClock, advance, waits_legitimately
 
@@ -148,7 +148,7 @@ def test_the_exporter_counts_routes_per_reason_and_changes_into_a_reason() -> No
 
     from prometheus_client import REGISTRY
 
-    from backfill.config import Settings
+    from backfill.platform.config import Settings
     from worker.exporter import Exporter
 
     def sample(name: str, **labels: str) -> float:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import api.main
-from backfill.config import ModelConfig, RouteConfig, Settings, missing_upstream_keys
+from backfill.platform.config import ModelConfig, RouteConfig, Settings, missing_upstream_keys
 
 
 class NoServer:

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from activities.retention import RetentionActivities, drop_ended_work
-from backfill.ids import new_batch_id
-from backfill.store import (
+from backfill.files import (
     ABANDONED_UPLOAD_SECONDS,
     BatchFinalized,
     FileStore,
@@ -23,6 +22,7 @@ from backfill.store import (
     Store,
     chunks,
 )
+from backfill.platform.ids import new_batch_id
 from tests.stores import PART, index, indexed_batch, metadata_reads, unindex, upload
 
 STORES = ["local", "s3"]

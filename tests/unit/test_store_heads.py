@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.store import FileStore, Store
+from backfill.files import FileStore, Store
 from tests.stores import upload
 
 STORES = ["local", "s3"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.store import BatchFinalized, FileStore
+from backfill.files import BatchFinalized, FileStore
 from tests.stores import indexed_batch, upload
 
 
@@ -75,7 +75,7 @@ def open_fds() -> int:
 def test_lines_are_read_through_a_bounded_set_of_kept_handles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("backfill.store.local.READ_HANDLES", 6)
+    monkeypatch.setattr("backfill.files.local.READ_HANDLES", 6)
     store = FileStore(tmp_path)
     before = open_fds()
     batches = {}

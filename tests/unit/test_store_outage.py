@@ -18,17 +18,17 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.store_waits import WAITING_FOR_SECONDS, StoreWaits
 from activities.validation import ValidationActivities
-from backfill.config import Settings
-from backfill.messages import ValidateInput
-from backfill.storage_waits import (
+from backfill.batches.storage_waits import (
     MIN_WAIT_SECONDS,
     STORE_UNAVAILABLE,
     store_failure,
     store_wait_seconds,
 )
-from backfill.store import FileStore, Store
-from backfill.store.outage import store_unavailable
-from backfill.store.s3 import S3Store
+from backfill.files import FileStore, Store
+from backfill.files.outage import store_unavailable
+from backfill.files.s3 import S3Store
+from backfill.platform.config import Settings
+from backfill.platform.messages import ValidateInput
 from tests.s3server import BUCKET
 from tests.stores import upload
 from tools.dev.procs import free_port

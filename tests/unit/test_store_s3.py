@@ -14,9 +14,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from backfill.config import Settings
-from backfill.store import FileStore, open_store
-from backfill.store.s3 import PROBE_KEY, S3Store, UnfitStore
+from backfill.files import FileStore, open_store
+from backfill.files.s3 import PROBE_KEY, S3Store, UnfitStore
+from backfill.platform.config import Settings
 from tests.s3server import BUCKET, CREDENTIALS
 from tests.stores import PART, indexed_batch, recorded, upload
 

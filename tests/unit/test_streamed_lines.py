@@ -16,14 +16,14 @@ import pytest
 import pytest_asyncio
 from temporalio.testing import ActivityEnvironment
 
-from activities.lines import LineActivities
-from activities.preemption import PreemptBoard
+from activities.lines.run_line import LineActivities
+from activities.preemption.board import PreemptBoard
 from activities.validation import ValidationActivities
-from backfill.config import Settings
-from backfill.gates.preempt import PreemptPolicy
-from backfill.messages import LineInput, LineOutcome, ValidateInput
-from backfill.store import FileStore
-from backfill.streamed_answer import Partial, Reassembled, StreamError, streamable
+from backfill.batches.streamed_answer import Partial, Reassembled, StreamError, streamable
+from backfill.files import FileStore
+from backfill.platform.config import Settings
+from backfill.platform.messages import LineInput, LineOutcome, ValidateInput
+from backfill.routes.gates.preempt import PreemptPolicy
 from tests.polling import poll_until
 from tools.sim import SimConfig, SimServer
 

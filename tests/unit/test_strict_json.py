@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from backfill import strict_json
-from backfill.strict_json import MAX_DEPTH, NotFinite, TooDeep
+from backfill.platform import strict_json
+from backfill.platform.strict_json import MAX_DEPTH, NotFinite, TooDeep
 
 
 def arrays(levels: int) -> bytes:
@@ -110,7 +110,7 @@ def test_everything_refused_is_a_value_error_with_a_reason(data: bytes) -> None:
 
 
 def test_unique_keys_refuses_a_key_twice_at_any_depth() -> None:
-    from backfill.strict_json import DuplicateKey
+    from backfill.platform.strict_json import DuplicateKey
 
     assert strict_json.loads(b'{"a":1,"a":2}') == {"a": 2}  # upstream answers: only looked at
     for text in (b'{"a":1,"a":2}', b'{"x":[{"b":1,"c":2,"b":3}]}', b'{"a":1e999,"a":1}'):

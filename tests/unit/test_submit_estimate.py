@@ -1,15 +1,14 @@
-"""The estimate at submit: the pure decision (`backfill.submit_estimate`) and the api's readers
-of the usage journal and the input's first line (`api.submit_estimate`)."""
+"""The estimate at submit: the pure decision (`backfill.batches.submit_estimate`) and the api's
+readers of the usage journal and the input's first line (`api.batches.submit_estimate`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from api.input_scan import scan_input
-from api.submit_estimate import REFRESH_SECONDS, ServedHistory, first_model
-from backfill.store import FileStore
-from backfill.submit_estimate import (
+from api.batches.input_scan import scan_input
+from api.batches.submit_estimate import REFRESH_SECONDS, ServedHistory, first_model
+from backfill.batches.submit_estimate import (
     HOUR,
     WEEK_HOURS,
     RouteWork,
@@ -22,7 +21,8 @@ from backfill.submit_estimate import (
     split_lines,
     weekly_profile,
 )
-from backfill.usage import UsageEntry, hour_name
+from backfill.files import FileStore
+from backfill.usage.journal import UsageEntry, hour_name
 
 MONDAY = 4 * 86400  # 1970-01-05 00:00 UTC, a Monday
 WEEK = WEEK_HOURS * HOUR
@@ -240,7 +240,7 @@ def test_the_cli_and_the_console_say_the_estimate() -> None:
     from api.console.sessions import SessionTable
     from api.console.web import templates
     from api.deps import Identity
-    from backfill.batches import Batch, SubmitEstimate
+    from backfill.batches.batch import Batch, SubmitEstimate
     from tools.client.wording import estimate_line
 
     batch = Batch(
@@ -299,8 +299,8 @@ async def test_a_route_without_history_asks_no_scheduler(tmp_path: Path) -> None
 
     from temporalio.client import Client
 
-    from api.submit_estimate import estimate_at_submit
-    from backfill.config import Settings
+    from api.batches.submit_estimate import estimate_at_submit
+    from backfill.platform.config import Settings
 
     used: list[str] = []
 

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from api.deps import Identity
-from backfill.config import Settings, WorkspaceLimits, load_settings
-from backfill.keys import create_key, parse_models
+from backfill.platform.config import Settings, WorkspaceLimits, load_settings
+from backfill.tenancy.keys import create_key, parse_models
 from tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_every_dev_key_counts_as_shipped() -> None:
 
 
 def test_audit_event_only_for_another_workspace(caplog: pytest.LogCaptureFixture) -> None:
-    from api import audit
+    from api.platform_admin import audit
 
     admin = Identity(workspace="ops", role="platform_admin", key_name="ops", key_id="key_ops")
     with caplog.at_level("INFO", logger="backfill.audit"):

@@ -9,7 +9,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from backfill.search_attributes import ALL
+from backfill.batches.search_attributes import ALL
 
 ROOT = Path(__file__).resolve().parents[2]
 

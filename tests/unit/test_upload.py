@@ -1,4 +1,4 @@
-"""`POST /v1/files`'s form parser (api.upload) on a real local store: the file part streamed
+"""`POST /v1/files`'s form parser (api.files.upload) on a real local store: the file part streamed
 into an upload, the fields kept, and every bound answered with its own message."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from api.errors import InvalidRequest, PayloadTooLarge
-from api.upload import MAX_FIELD_BYTES, MAX_HEADER_BYTES, MAX_PARTS, ParsedUpload, read_upload
-from backfill.store.local import FileStore
+from api.files.upload import MAX_FIELD_BYTES, MAX_HEADER_BYTES, MAX_PARTS, ParsedUpload, read_upload
+from backfill.files.local import FileStore
 
 BOUNDARY = "b0undary"
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from activities.finalizing import FinalizeActivities
-from activities.line_answers import RETRYABLE_STATUS
-from backfill import strict_json
-from backfill.messages import FinalizeInput
-from backfill.records import one_line, outcome_from_record, response_record_bytes, usage_of
+from activities.lines.answers import RETRYABLE_STATUS
+from backfill.batches.records import one_line, outcome_from_record, response_record_bytes, usage_of
+from backfill.platform import strict_json
+from backfill.platform.messages import FinalizeInput
 from tests.unit.test_run_line import BATCH, line, make, record, run
 
 

@@ -1,4 +1,4 @@
-"""The usage journal (backfill.usage): append, read back across hours, files and processes,
+"""The usage journal (backfill.usage.journal): append, read back across hours, files and processes,
 hourly totals; and what the line activity and the live proxy's reader journal."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 from prometheus_client import REGISTRY
 
-from api.live_usage import UsageReader
-from backfill.usage import (
+from api.live.usage_counts import UsageReader
+from backfill.usage.journal import (
     HOUR,
     USAGE_DIR,
     UsageEntry,

@@ -1,4 +1,4 @@
-"""Unit tests for backfill.input_rules (pure functions, no server)."""
+"""Unit tests for backfill.batches.input_rules (pure functions, no server)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any, BinaryIO, cast
 
 import pytest
 
-from backfill import input_lines
-from backfill.config import Limits, ModelConfig, RouteConfig, Settings
-from backfill.input_rules import ValidationOutcome, validate_input
-from backfill.store import RouteLines
+from backfill.batches import input_lines
+from backfill.batches.input_rules import ValidationOutcome, validate_input
+from backfill.files import RouteLines
+from backfill.platform.config import Limits, ModelConfig, RouteConfig, Settings
 
 CHAT = "/v1/chat/completions"
 BATCH = "batch_test"

@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from activities.webhooks import WebhookActivities
-from backfill.config import MIN_WEBHOOK_KEY_LENGTH, Settings
-from backfill.webhooks import (
+from backfill.platform.config import MIN_WEBHOOK_KEY_LENGTH, Settings
+from backfill.webhooks.events import (
     AttemptInput,
     Destinations,
     WebhookEndpoint,

@@ -1,4 +1,4 @@
-"""backfill.webhooks: the event shape and id, signatures the openai SDK accepts, derived
+"""backfill.webhooks.events: the event shape and id, signatures the openai SDK accepts, derived
 secrets, the retry schedule and the destination policy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 
-from backfill.webhooks import (
+from backfill.webhooks.events import (
     EVENT_TYPES,
     Destinations,
     RetryPlan,
@@ -195,7 +195,7 @@ def test_the_allow_list_refuses_a_bad_network() -> None:
 def test_configured_endpoints_are_unique_per_workspace_and_the_allow_list_parses() -> None:
     from pydantic import ValidationError
 
-    from backfill.config import Settings
+    from backfill.platform.config import Settings
 
     hook = {"workspace": "a", "id": "h1", "url": "https://x.example/", "secret_env": "H1"}
     s = Settings(webhooks=[hook], webhook_allowed_destinations="10.0.0.0/8, hooks.internal")
@@ -211,8 +211,8 @@ async def test_delivery_to_a_name_resolving_to_loopback_is_refused_for_good(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from activities.webhooks import WebhookActivities
-    from backfill.config import Settings
-    from backfill.webhooks import AttemptInput, WebhookTarget
+    from backfill.platform.config import Settings
+    from backfill.webhooks.events import AttemptInput, WebhookTarget
 
     async def resolve(host: str, port: int) -> list[str]:
         return ["93.184.216.34", "127.0.0.1"]  # one public, one loopback: refused
@@ -229,8 +229,8 @@ async def test_delivery_to_a_name_resolving_to_loopback_is_refused_for_good(
 
 async def test_delivery_without_a_secret_fails_at_once_and_says_which_variable() -> None:
     from activities.webhooks import WebhookActivities
-    from backfill.config import Settings
-    from backfill.webhooks import AttemptInput, WebhookTarget
+    from backfill.platform.config import Settings
+    from backfill.webhooks.events import AttemptInput, WebhookTarget
 
     acts = WebhookActivities(Settings(), client=None)  # type: ignore[arg-type]
     target = WebhookTarget(endpoint_id="we_1", url="https://x.example/")

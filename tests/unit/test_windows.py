@@ -1,5 +1,5 @@
-"""Time windows (backfill/gates/window.py): every rule in three zones, one southern, on both DST
-nights of 2025, plus properties over random windows and instants."""
+"""Time windows (backfill/routes/gates/window.py): every rule in three zones, one southern, on both
+DST nights of 2025, plus properties over random windows and instants."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from backfill.gates.window import DAYS, TimeWindow, is_open, load_zone, next_change, window_state
+from backfill.routes.gates.window import (
+    DAYS,
+    TimeWindow,
+    is_open,
+    load_zone,
+    next_change,
+    window_state,
+)
 
 
 def utc(text: str) -> datetime:

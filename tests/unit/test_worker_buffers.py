@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities import lines
-from activities.preemption import PreemptBoard
-from backfill.byte_budget import ByteBudget
-from backfill.gates.preempt import PreemptPolicy
-from backfill.streamed_answer import Partial
+from activities.lines import run_line as lines
+from activities.preemption.board import PreemptBoard
+from backfill.batches.streamed_answer import Partial
+from backfill.routes.gates.preempt import PreemptPolicy
+from backfill.tenancy.byte_budget import ByteBudget
 from tests.unit.test_run_line import line, make, record, run
 
 OK = {"id": "x", "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}

@@ -13,8 +13,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.server_load import ServerLoadActivities
-from backfill.config import Limits, Settings
-from backfill.gates.server_load import LoadReading, ServerLoadSettings, WatchLoadInput
+from backfill.platform.config import Limits, Settings
+from backfill.routes.gates.server_load import LoadReading, ServerLoadSettings, WatchLoadInput
 from worker.main import StopSignals
 
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.load_metrics import parse_load
+from backfill.upstream.load_metrics import parse_load
 from tests.polling import poll_until
 from tests.vllm.upstreams import MAX_MODEL_LEN, MODEL, SEATS, Upstream
 
@@ -268,7 +268,7 @@ async def test_responses_stream_has_the_event_sequence_the_sdk_helper_needs(
 
 
 async def test_usage_fields_of_each_endpoint(upstream: Upstream) -> None:
-    """What backfill counts per line (`backfill.endpoints` usage fields) is there."""
+    """What backfill counts per line (`backfill.upstream.endpoints` usage fields) is there."""
     async with httpx.AsyncClient(timeout=120) as http:
         for path, body in [
             ("/chat/completions", chat(max_tokens=6)),

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from backfill.streamed_answer import Partial
+from backfill.batches.streamed_answer import Partial
 from tests.polling import poll_until
 from tests.vllm.preempting import (
     MODEL,

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from backfill.load_metrics import parse_load
+from backfill.upstream.load_metrics import parse_load
 from tests.e2e.stack import Stack
 from tools.dev.devserver import free_port
 from tools.sim import SimConfig, SimServer

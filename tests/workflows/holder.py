@@ -7,7 +7,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from backfill.messages import Allotment
+    from backfill.platform.messages import Allotment
 
 
 @workflow.defn

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from backfill.ids import scheduler_workflow_id
-    from backfill.messages import Ack, Allotment, Demand
+    from backfill.platform.ids import scheduler_workflow_id
+    from backfill.platform.messages import Ack, Allotment, Demand
 
 
 @dataclass
@@ -95,8 +95,8 @@ class PacedBatchWorkflow:
                 ack = Ack(batch_id=me, epoch=self._unacked, running=self._running)
                 self._unacked = None
                 await scheduler.signal("ack", ack)
-            # As `backfill.lanes.demand_to_report`: rises at once, falls by quarters, and the
-            # lines not finished (running + not started); none to start once expired.
+            # As `backfill.batches.lanes.demand_to_report`: rises at once, falls by quarters, and
+            # the lines not finished (running + not started); none to start once expired.
             wanted = self._running if expired else batch.lines - self._finished
             if reported is None or wanted > reported or wanted <= reported * 3 // 4:
                 if wanted != reported:

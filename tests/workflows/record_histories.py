@@ -31,9 +31,9 @@ import httpx
 from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import LiveCountReport
-from backfill.preempt_signing import sign
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.messages import LiveCountReport
+from backfill.preemption.signing import sign
 from tests.e2e.stack import API_KEY, Stack, submit, wait_terminal
 from tests.e2e.test_preempt_door import live_streams
 from tests.polling import poll_until

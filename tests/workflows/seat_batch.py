@@ -8,8 +8,8 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from backfill.ids import scheduler_workflow_id
-    from backfill.messages import Ack, Allotment
+    from backfill.platform.ids import scheduler_workflow_id
+    from backfill.platform.messages import Ack, Allotment
 
 
 @workflow.defn

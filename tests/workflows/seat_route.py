@@ -14,9 +14,14 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import ClosedBatchesInput, ClosedBatchesOutput, Demand, SchedulerInput
-from backfill.route_settings import RouteSettings
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.messages import (
+    ClosedBatchesInput,
+    ClosedBatchesOutput,
+    Demand,
+    SchedulerInput,
+)
+from backfill.routes.settings import RouteSettings
 from tests.workflows.ending import terminate_if_running
 from tests.workflows.seat_batch import SeatBatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow

@@ -28,10 +28,12 @@ from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
-from backfill.batches import Batch
-from backfill.config import Settings
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import (
+from backfill.batches.batch import Batch
+from backfill.batches.records import END_MESSAGES
+from backfill.files import FileStore
+from backfill.platform.config import Settings
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.messages import (
     BatchInput,
     ClosedBatchesInput,
     ClosedBatchesOutput,
@@ -43,8 +45,6 @@ from backfill.messages import (
     ValidateInput,
     ValidateOutput,
 )
-from backfill.records import END_MESSAGES
-from backfill.store import FileStore
 from tests.conftest import TemporalServer
 from workflows.batch import BatchWorkflow
 from workflows.scheduler import RouteSchedulerWorkflow

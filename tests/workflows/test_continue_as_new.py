@@ -25,8 +25,8 @@ from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
-from backfill.batches import Batch
-from backfill.messages import BatchInput
+from backfill.batches.batch import Batch
+from backfill.platform.messages import BatchInput
 from tests.conftest import TemporalServer
 from tests.workflows.test_expiry import Harness, harness_worker
 from tools.dev.devserver import DevServer, connect_client, free_port

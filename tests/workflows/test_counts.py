@@ -2,7 +2,7 @@
 whatever the workflow saw: a line whose worker died after committing it is counted once, and a
 line committed by a worker the workflow heard nothing from before the batch ended is counted too.
 
-The workflow's own tallies only show progress meanwhile (`backfill.lifecycle.tally_line`);
+The workflow's own tallies only show progress meanwhile (`backfill.batches.lifecycle.tally_line`);
 finalizing counts the records and its numbers replace them (`BatchWorkflow._finish`). On the
 time-skipping server with the real workflows and the real validation and finalizing; `run_line`
 is replaced by a fake that commits a real record (first writer wins, as the real activity's
@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 
-from backfill.messages import LineInput, LineOutcome
-from backfill.records import outcome_from_record
+from backfill.batches.records import outcome_from_record
+from backfill.platform.messages import LineInput, LineOutcome
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import BatchWorkflow
 

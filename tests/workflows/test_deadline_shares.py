@@ -19,9 +19,9 @@ import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import SchedulerInput
-from backfill.route_settings import RouteSettings
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.messages import SchedulerInput
+from backfill.routes.settings import RouteSettings
 from tests.workflows.ending import terminate_if_running
 from tests.workflows.events import E, patch_marker, require
 from tests.workflows.paced_batch import PacedBatch, PacedBatchWorkflow, PacedOutcome

@@ -29,9 +29,11 @@ from activities.control import ControlActivities
 from activities.finalizing import FinalizeActivities
 from activities.validation import ValidationActivities
 from activities.webhooks import WebhookActivities
-from backfill.config import Settings
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import (
+from backfill.batches.records import END_MESSAGES
+from backfill.files import FileStore
+from backfill.platform.config import Settings
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.messages import (
     BatchInput,
     DemandInput,
     LineInput,
@@ -39,10 +41,8 @@ from backfill.messages import (
     PauseRequest,
     SchedulerInput,
 )
-from backfill.records import END_MESSAGES
-from backfill.route_settings import RouteSettings
-from backfill.schedulers import signal_demand
-from backfill.store import FileStore
+from backfill.routes.scheduler_client import signal_demand
+from backfill.routes.settings import RouteSettings
 from tests.workflows.holder import SlotHolderWorkflow
 from tools.dev.devserver import test_server_path
 from workflows.batch import BatchWorkflow

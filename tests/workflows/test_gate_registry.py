@@ -15,7 +15,8 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from backfill.gates import (
+from backfill.platform.messages import Demand
+from backfill.routes.gates import (
     GateAnswer,
     GateContext,
     GateEntry,
@@ -24,10 +25,9 @@ from backfill.gates import (
     Reader,
     registered,
 )
-from backfill.gates.server_load import LoadVerdict, WatchLoadInput
-from backfill.messages import Demand
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates.server_load import LoadVerdict, WatchLoadInput
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.events import require, signaled
 from tests.workflows.seat_route import seat_route

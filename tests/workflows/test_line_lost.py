@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 
-from activities.lines import LineActivities
-from backfill.messages import LineInput, LineOutcome
+from activities.lines.run_line import LineActivities
+from backfill.platform.messages import LineInput, LineOutcome
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from tools.sim import SimServer
 from workflows.batch import BatchWorkflow

@@ -15,11 +15,11 @@ import pytest
 from temporalio.client import Client, WorkflowExecution
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from api import batch_reads
+from api.batches import reads as batch_reads
 from api.errors import InvalidRequest
-from backfill import search_attributes as sa
-from backfill.batches import Batch
-from backfill.messages import BatchInput
+from backfill.batches import search_attributes as sa
+from backfill.batches.batch import Batch
+from backfill.platform.messages import BatchInput
 from tests.polling import poll_until
 
 N, LIMIT, SPACING = 250, 20, 27

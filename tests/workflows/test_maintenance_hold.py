@@ -14,10 +14,10 @@ import pytest
 import pytest_asyncio
 from temporalio.client import WorkflowExecutionStatus
 
-from backfill import refs
-from backfill.gates.maintenance import MaintenanceHold
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.platform import refs
+from backfill.routes.gates.maintenance import MaintenanceHold
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.test_expiry import (
     Harness,

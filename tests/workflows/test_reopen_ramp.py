@@ -11,9 +11,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from backfill.gates.live import LiveReport
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.routes.gates.live import LiveReport
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.events import patch_marker, signaled
 from tests.workflows.seat_route import seat_route

@@ -10,10 +10,10 @@ import time
 import pytest
 from temporalio.client import Client
 
-from backfill.gates.live import LiveReport
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
-from backfill.route_status import SchedulerStatus
+from backfill.routes.gates.live import LiveReport
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
+from backfill.routes.status import SchedulerStatus
 from tests.polling import poll_until
 from tests.workflows.seat_route import seat_route
 from workflows.scheduler import RouteSchedulerWorkflow

@@ -17,8 +17,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.retention import RetentionActivities, drop_ended_work
-from backfill.messages import FinalizeInput, FinalizeOutput
-from backfill.storage_waits import MAX_INTERVAL_SECONDS, MIN_WAIT_SECONDS, STORE_UNAVAILABLE
+from backfill.batches.storage_waits import MAX_INTERVAL_SECONDS, MIN_WAIT_SECONDS, STORE_UNAVAILABLE
+from backfill.platform.messages import FinalizeInput, FinalizeOutput
 from tests.workflows.test_expiry import Harness, harness_worker, start_batch, time_skipping_env
 from workflows.batch import BatchWorkflow
 

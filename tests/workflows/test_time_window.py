@@ -20,13 +20,13 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
-from backfill import refs
-from backfill.batches import Batch
-from backfill.gates.window import TimeWindow
-from backfill.ids import scheduler_workflow_id
-from backfill.messages import LineInput, LineOutcome, PauseRequest
-from backfill.reasons import WaitReason
-from backfill.route_settings import RouteSettings
+from backfill.batches.batch import Batch
+from backfill.platform import refs
+from backfill.platform.ids import scheduler_workflow_id
+from backfill.platform.messages import LineInput, LineOutcome, PauseRequest
+from backfill.routes.gates.window import TimeWindow
+from backfill.routes.reasons import WaitReason
+from backfill.routes.settings import RouteSettings
 from tests.polling import poll_until
 from tests.workflows.test_expiry import (
     Harness,

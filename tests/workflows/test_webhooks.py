@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from backfill.webhooks import (
+from backfill.webhooks.events import (
     AttemptInput,
     AttemptOutcome,
     DeliveryPlan,

@@ -1,6 +1,6 @@
-"""backfill/gates/window.py runs inside the Temporal workflow sandbox when passed through (zoneinfo
-objects are restricted proxies there), on the time-skipping test server, and gives the same
-answers as outside it. (Imported without passing through, its workflow task fails with
+"""backfill/routes/gates/window.py runs inside the Temporal workflow sandbox when passed through
+(zoneinfo objects are restricted proxies there), on the time-skipping test server, and gives the
+same answers as outside it. (Imported without passing through, its workflow task fails with
 TypeError and the execution times out.)"""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 from tools.dev.devserver import test_server_path
 
 with workflow.unsafe.imports_passed_through():
-    from backfill.gates.window import TimeWindow, window_state
+    from backfill.routes.gates.window import TimeWindow, window_state
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

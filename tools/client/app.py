@@ -12,7 +12,7 @@ import typer
 from openai.types import Batch
 from rich.console import Console
 
-from backfill.batches import COMPLETION_WINDOWS
+from backfill.batches.batch import COMPLETION_WINDOWS
 from tools.client.connection import DEFAULT_BASE_URL, CommandError, Connection
 from tools.client.watching import watch
 from tools.client.wording import headline, input_errors

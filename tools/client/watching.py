@@ -1,7 +1,7 @@
 """Watching a batch until it ends: a live progress bar on a terminal, one plain line per change
 otherwise (CI logs). Lines per second and the ETA come from what this client observed
-(`backfill.eta`), so they work against any OpenAI-compatible server; backfill's extension adds
-why lines wait and whether the batch is at risk of expiring."""
+(`backfill.batches.eta`), so they work against any OpenAI-compatible server; backfill's extension
+adds why lines wait and whether the batch is at risk of expiring."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Column
 
-from backfill.eta import ProgressLog, Sample, estimate
-from backfill.reasons import reason_text
+from backfill.batches.eta import ProgressLog, Sample, estimate
+from backfill.routes.reasons import reason_text
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 PLAIN_EVERY_SECONDS = 5.0

@@ -1,9 +1,9 @@
 """`backfill dev --temporal-address HOST:PORT` (or TEMPORAL_ADDRESS set): a Temporal that is
 already running, instead of the embedded dev server.
 
-Before anything starts, the doctor's Temporal checks (`backfill.doctor.temporal`): the address
-answers, with TLS or an API key as the TEMPORAL_* settings say, and the namespace exists. Then
-backfill's search attributes: each missing one is registered (what the embedded dev server does
+Before anything starts, the doctor's Temporal checks (`backfill.operations.doctor.temporal`): the
+address answers, with TLS or an API key as the TEMPORAL_* settings say, and the namespace exists.
+Then backfill's search attributes: each missing one is registered (what the embedded dev server does
 with `--search-attribute` at start), and the start log names each; one registered with another
 type refuses the start with the doctor's fix (changing it is the cluster owner's call).
 """
@@ -16,14 +16,14 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.service import RPCError
 
-from backfill import search_attributes as sa
-from backfill.config import Settings
-from backfill.doctor import (
+from backfill.batches import search_attributes as sa
+from backfill.operations.doctor import (
     Finding,
     registered_search_attributes,
     search_attribute_findings,
     temporal,
 )
+from backfill.platform.config import Settings
 
 MANY_LINES = 128
 """Above this many lines at once on a route, a cluster needs `history.maximumBufferedEventsBatch`

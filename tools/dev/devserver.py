@@ -111,7 +111,7 @@ class DevServer:
         extra_args: Iterable[str] = (),
         die_with_parent: bool = False,
     ) -> None:
-        """search_attributes None means all of backfill.search_attributes.ALL ({} for none);
+        """search_attributes None means all of backfill.batches.search_attributes.ALL ({} for none);
         dynamic_config is {key: value} (values JSON-encoded) or raw "KEY=JSON" strings; ui_port
         None runs headless; die_with_parent as for `Child`."""
         self.data_dir = Path(data_dir)
@@ -124,7 +124,7 @@ class DevServer:
             self.db_path = self.data_dir / db_filename  # an absolute db_filename wins
         self.namespace = namespace
         if search_attributes is None:
-            from backfill.search_attributes import ALL
+            from backfill.batches.search_attributes import ALL
 
             search_attributes = ALL
         self.search_attributes: dict[str, str] = dict(search_attributes)

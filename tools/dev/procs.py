@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from backfill.dev_stack import process_alive
+from backfill.operations.dev_stack import process_alive
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when its parent thread dies (linux/prctl.h)."""

@@ -5,8 +5,8 @@ A route on a loopback address at the simulator's port (`--sim-port`, 8100) is th
 `backfill dev` starts it, serving those routes' models, unless a model server already answers
 there (then that server is the route's, as on any other port). A route at another loopback port
 names a model server already running (a local vLLM): before anything starts, its port must
-answer `GET /models` listing the route's model (`backfill.doctor.route_finding`), or dev refuses
-with what to do. Routes to other hosts are left to `backfill doctor`.
+answer `GET /models` listing the route's model (`backfill.operations.doctor.route_finding`), or dev
+refuses with what to do. Routes to other hosts are left to `backfill doctor`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from backfill.config import Settings
-from backfill.doctor import TIMEOUT_SECONDS, Finding, route_finding
+from backfill.operations.doctor import TIMEOUT_SECONDS, Finding, route_finding
+from backfill.platform.config import Settings
 from tools.dev.procs import free_port, port_in_use
 
 LOOPBACK = "127.0.0.1"

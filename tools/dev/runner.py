@@ -6,8 +6,8 @@ dev server (SQLite under the data dir, so workflows survive restarts, with the s
 registered) or checks an existing Temporal (`--temporal-address`, `tools.dev.cluster`), then
 the simulator (only when a route points at it), the worker and the api as child processes of
 this one, each in its own process group. Prints the URLs once the api answers /healthz, and
-writes them for `backfill doctor` (`backfill.dev_stack`). On SIGINT/SIGTERM/SIGHUP stops the
-children in reverse order, then the dev server (SIGKILL after a grace period; a second signal
+writes them for `backfill doctor` (`backfill.operations.dev_stack`). On SIGINT/SIGTERM/SIGHUP stops
+the children in reverse order, then the dev server (SIGKILL after a grace period; a second signal
 skips the grace period) and exits 0. If a child exits on its own, stops the rest and exits 1.
 However this process dies, SIGKILL and the OOM killer included, the kernel kills its children
 (`Child(die_with_parent=True)`): they are started from this main thread.
@@ -28,9 +28,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-from backfill import dev_stack
-from backfill.config import Settings
-from backfill.doctor import Finding
+from backfill.operations import dev_stack
+from backfill.operations.doctor import Finding
+from backfill.platform.config import Settings
 from tools.dev import cluster, routes
 from tools.dev.devserver import DEFAULT_PORT, DEFAULT_UI_PORT, DevServer, DevServerError
 from tools.dev.procs import Child, backfill_argv, free_port, port_in_use

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from backfill.endpoints import EndpointSpec
+from backfill.upstream.endpoints import EndpointSpec
 from tools.sim import responses
 from tools.sim.gpu_reply import split_words
 

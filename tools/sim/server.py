@@ -1,9 +1,9 @@
 """vLLM-like OpenAI-compatible model server simulator: the demo, test and benchmark upstream.
 
 ``create_app(config)`` returns a lean raw-ASGI app (no framework in the hot path) that serves
-every endpoint of the registry (``backfill.endpoints``: chat, completions, embeddings, responses)
-with deterministic bodies, models a vLLM engine's capacity (``max_num_seqs`` running, the rest
-waiting FCFS or by priority), exports vLLM's scheduler gauges on ``/metrics`` and offers test
+every endpoint of the registry (``backfill.upstream.endpoints``: chat, completions, embeddings,
+responses) with deterministic bodies, models a vLLM engine's capacity (``max_num_seqs`` running, the
+rest waiting FCFS or by priority), exports vLLM's scheduler gauges on ``/metrics`` and offers test
 hooks under ``/sim/*`` (fault injection, traffic statistics). ``SimServer`` runs it on loopback
 inside the current event loop; ``main()`` is the ``backfill sim`` command line (``tools.sim.run``).
 
@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from backfill.endpoints import REGISTRY, EndpointSpec
+from backfill.upstream.endpoints import REGISTRY, EndpointSpec
 from tools.sim.asgi import (
     Header,
     error_body,

@@ -1,0 +1,1 @@
+"""A batch line's activity: its attempt, its send, its answer and record, its streamed rebuild."""

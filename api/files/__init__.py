@@ -1,0 +1,1 @@
+"""The OpenAI Files API: streamed uploads, listings, content, deletion."""

@@ -1,0 +1,1 @@
+"""Single durable jobs: `/gateway/v1/batches`."""

@@ -1,0 +1,1 @@
+"""The api's side of per-workspace admission (decision 0020)."""

@@ -1,0 +1,1 @@
+"""`GET /api/v1/admin/usage`: hourly usage totals from the usage journal."""

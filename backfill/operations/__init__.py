@@ -1,0 +1,1 @@
+"""Operating a deployment: `backfill doctor` and the running `backfill dev`'s state file."""

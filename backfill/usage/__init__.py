@@ -1,0 +1,1 @@
+"""The usage journal: one entry per upstream attempt, and its hourly totals."""

@@ -1,0 +1,2 @@
+"""Webhooks as OpenAI sends them: events, ids, signatures, endpoints, and reading a workspace's
+endpoints."""
