@@ -18,8 +18,8 @@ read in blocks kept in a small bounded cache (an index never changes once writte
 costs one ranged read of the input, not a download of it.
 
 The bucket's plain object operations, the client and the conditional-write check are
-`backfill.files.s3_objects` (`S3Store` builds on `S3Objects`); a file's upload is
-`backfill.files.s3_upload`.
+`backfill.files.s3_objects` (`S3Store` builds on `S3Objects`); a file's upload (`S3Upload`) is
+here, with the store whose keys it writes.
 
 boto3 is synchronous and its client is thread-safe: every call here runs in a caller's thread
 (the worker's store pool, the api's `asyncio.to_thread`). Credentials come from boto3's standard
@@ -41,19 +41,18 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from botocore.exceptions import ClientError
 
-from backfill.files.base import FINALIZED, INDEX_MARK, FileObject, Store, workspace_key
+from backfill.files.base import FINALIZED, INDEX_MARK, FileObject, Store, Upload, workspace_key
 from backfill.files.s3_objects import (
     NOT_FOUND,
     PROBE_KEY,
     READ_BUFFER_BYTES,
+    BodyReader,
     S3Objects,
     UnfitStore,
-    _BodyReader,
-    _code,
+    error_code,
     s3_client,
 )
-from backfill.files.s3_upload import S3Upload
-from backfill.platform.ids import is_batch_id, is_file_id
+from backfill.platform.ids import is_batch_id, is_file_id, new_file_id
 
 __all__ = ["PROBE_KEY", "S3Store", "S3Upload", "UnfitStore"]
 
@@ -202,7 +201,7 @@ class S3Store(S3Objects, Store):
         try:
             data = self._get(key, f"bytes=0-{max_bytes - 1}")
         except ClientError as err:
-            if _code(err) == "InvalidRange":  # an empty file
+            if error_code(err) == "InvalidRange":  # an empty file
                 return b""
             raise
         if data is None:
@@ -220,12 +219,12 @@ class S3Store(S3Objects, Store):
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-")
         except ClientError as err:
-            if _code(err) in NOT_FOUND:
+            if error_code(err) in NOT_FOUND:
                 raise FileNotFoundError(file_id) from None
-            if _code(err) == "InvalidRange":  # at or past the end
+            if error_code(err) == "InvalidRange":  # at or past the end
                 return io.BytesIO(b"")
             raise
-        return io.BufferedReader(_BodyReader(resp["Body"]), READ_BUFFER_BYTES)
+        return io.BufferedReader(BodyReader(resp["Body"]), READ_BUFFER_BYTES)
 
     def delete_file(self, file_id: str) -> bool:
         try:
@@ -260,7 +259,7 @@ class S3Store(S3Objects, Store):
             try:
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             except ClientError as err:
-                if _code(err) != "NoSuchUpload":  # finished or aborted meanwhile
+                if error_code(err) != "NoSuchUpload":  # finished or aborted meanwhile
                     raise
                 continue
             dropped += 1
@@ -286,7 +285,7 @@ class S3Store(S3Objects, Store):
                 Bucket=self.bucket, Key=target, CopySource={"Bucket": self.bucket, "Key": source}
             )
         except ClientError as err:
-            if _code(err) in NOT_FOUND:
+            if error_code(err) in NOT_FOUND:
                 raise FileNotFoundError(file_id) from None
             raise
 
@@ -495,3 +494,74 @@ def _iter_array(f: BinaryIO, typecode: str) -> Iterator[int]:
         values = array(typecode)
         values.frombytes(data)
         yield from values
+
+
+class S3Upload(Upload):
+    """Buffers up to one part in memory; from the first full part on, a multipart upload
+    (aborted on `abort`). A file smaller than a part is one `PutObject` at `finish`."""
+
+    def __init__(self, store: S3Store, max_bytes: int, file_id: str | None = None) -> None:
+        super().__init__(max_bytes)
+        self.store = store
+        self._id = file_id or new_file_id()
+        """The file id the parts are uploaded under (finish may name another: then a copy)."""
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+
+    @property
+    def _key(self) -> str:
+        return self.store._file_key(self._id, "data")
+
+    def write_chunk(self, chunk: bytes) -> None:
+        self._buf += chunk
+        while len(self._buf) >= self.store.part_bytes:
+            part = bytes(self._buf[: self.store.part_bytes])
+            del self._buf[: self.store.part_bytes]
+            self._send_part(part)
+
+    def _send_part(self, data: bytes) -> None:
+        s = self.store
+        if self._upload_id is None:
+            resp = s.client.create_multipart_upload(Bucket=s.bucket, Key=self._key)
+            self._upload_id = resp["UploadId"]
+        number = len(self._parts) + 1
+        resp = s.client.upload_part(
+            Bucket=s.bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=data
+        )
+        self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+
+    def publish(self, obj: FileObject) -> None:
+        s = self.store
+        if self._upload_id is None:  # smaller than a part: one put, straight to its key
+            s._put(s._file_key(obj.id, "data"), bytes(self._buf))
+        else:
+            if self._buf:
+                self._send_part(bytes(self._buf))
+            self._buf.clear()
+            s.client.complete_multipart_upload(
+                Bucket=s.bucket,
+                Key=self._key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+            )
+            self._upload_id = None
+            if obj.id != self._id:  # the caller named the file at the end: move it there
+                target = s._file_key(obj.id, "data")
+                s.client.copy_object(
+                    Bucket=s.bucket, Key=target, CopySource={"Bucket": s.bucket, "Key": self._key}
+                )
+                s.client.delete_object(Bucket=s.bucket, Key=self._key)
+        s.update_file(obj)
+
+    def abort(self) -> None:
+        self._buf = bytearray()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            try:
+                self.store.client.abort_multipart_upload(
+                    Bucket=self.store.bucket, Key=self._key, UploadId=upload_id
+                )
+            except ClientError as err:
+                if error_code(err) != "NoSuchUpload":
+                    raise

@@ -1,9 +1,9 @@
 """The S3 store's bucket: plain object operations on one bucket under a prefix, the boto3 client
 a store is built with, and the check that the endpoint keeps conditional writes.
 
-`backfill.files.s3.S3Store` builds the `Store` interface on these (files, batches, results);
-`backfill.files.s3_upload.S3Upload` sends a file's parts. Every error code S3-compatible servers
-answer with is read here (`_code`) and only here.
+`backfill.files.s3.S3Store` builds the `Store` interface on these (files, batches, results),
+and its `S3Upload` sends a file's parts. Every error code S3-compatible servers answer with is
+read here (`error_code`) and only here.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class UnfitStore(RuntimeError):
     refuses conditional writes): the api and the worker refuse to start with this reason."""
 
 
-def _code(err: ClientError) -> str:
+def error_code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
 
@@ -92,11 +92,11 @@ class S3Objects:
                         Bucket=self.bucket, Key=key, Body=b"probe", IfNoneMatch="*"
                     )
                 except ClientError as err:
-                    if attempt == "second" and _code(err) in PRECONDITION_FAILED:
+                    if attempt == "second" and error_code(err) in PRECONDITION_FAILED:
                         return  # refused as it must be
                     raise UnfitStore(
                         f"{where}: a PutObject with If-None-Match: * ({attempt}, on {key}) "
-                        f"failed with {_code(err) or err}; the file store needs conditional "
+                        f"failed with {error_code(err) or err}; the file store needs conditional "
                         "writes (docs/storage.md)"
                     ) from err
             raise UnfitStore(
@@ -109,7 +109,7 @@ class S3Objects:
             try:
                 self.client.delete_object(Bucket=self.bucket, Key=key)
             except ClientError as err:  # not worth refusing to start over
-                log.warning("could not delete the store's probe %s: %s", key, _code(err))
+                log.warning("could not delete the store's probe %s: %s", key, error_code(err))
 
     def _get(self, key: str, range_: str | None = None) -> bytes | None:
         try:
@@ -118,7 +118,7 @@ class S3Objects:
             else:
                 resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=range_)
         except ClientError as err:
-            if _code(err) in NOT_FOUND:
+            if error_code(err) in NOT_FOUND:
                 return None
             raise
         with resp["Body"] as body:
@@ -134,7 +134,7 @@ class S3Objects:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
                 return data, True
             except ClientError as err:
-                code = _code(err)
+                code = error_code(err)
                 if code in PRECONDITION_FAILED:
                     existing = self._get(key)
                     if existing is not None:
@@ -149,16 +149,16 @@ class S3Objects:
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as err:
-            if _code(err) in NOT_FOUND:
+            if error_code(err) in NOT_FOUND:
                 return None
             raise
-        return io.BufferedReader(_BodyReader(resp["Body"]), READ_BUFFER_BYTES)
+        return io.BufferedReader(BodyReader(resp["Body"]), READ_BUFFER_BYTES)
 
     def _exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
         except ClientError as err:
-            if _code(err) in NOT_FOUND:
+            if error_code(err) in NOT_FOUND:
                 return False
             raise
         return True
@@ -201,13 +201,13 @@ class S3Objects:
             for page in pages:
                 parts += page.get("Parts", [])
         except ClientError as err:
-            if _code(err) != "NoSuchUpload":
+            if error_code(err) != "NoSuchUpload":
                 raise
             return None
         return parts
 
 
-class _BodyReader(io.RawIOBase):
+class BodyReader(io.RawIOBase):
     """A GetObject body as a raw stream (wrapped in a BufferedReader by `S3Store._open`)."""
 
     def __init__(self, body: Any) -> None:
