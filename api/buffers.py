@@ -35,9 +35,20 @@ def take(budget: ByteBudget, workspace: str, size: int) -> Claim:
     return claim
 
 
-class HeldStreamingResponse(StreamingResponse):
-    """A streamed response (a file's content) whose chunks in flight `claim` holds; given back
-    once the stream ends (or the client is gone)."""
+class _Held:
+    """Gives `claim` back once the response is sent (or the client is gone)."""
+
+    claim: Claim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)  # type: ignore[misc]
+        finally:
+            self.claim.release()
+
+
+class HeldStreamingResponse(_Held, StreamingResponse):
+    """A streamed response (a file's content) whose chunks in flight `claim` holds."""
 
     def __init__(
         self,
@@ -49,16 +60,9 @@ class HeldStreamingResponse(StreamingResponse):
         super().__init__(content, media_type=media_type, headers=headers)
         self.claim = claim
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.claim.release()
 
-
-class HeldResponse(Response):
-    """A response whose body `claim` holds; the claim is given back once it is sent (or the
-    client is gone)."""
+class HeldResponse(_Held, Response):
+    """A response whose body `claim` holds."""
 
     def __init__(
         self,
@@ -69,9 +73,3 @@ class HeldResponse(Response):
     ) -> None:
         super().__init__(content, media_type=media_type, headers=headers)
         self.claim = claim
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.claim.release()
