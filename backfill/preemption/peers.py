@@ -21,6 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -111,6 +112,11 @@ def url_of(poller_identity: str) -> str | None:
     return None
 
 
+LOOK_TIMEOUT = timedelta(seconds=5)
+"""The most one look at the task queue's pollers may take: the api's and the workers' channel
+loops look every 5 s, and a Temporal that does not answer must not stall them."""
+
+
 async def find_workers(
     client: Client,
     task_queue: str,
@@ -126,7 +132,8 @@ async def find_workers(
             namespace=client.namespace,
             task_queue=TaskQueue(name=task_queue),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-        )
+        ),
+        timeout=LOOK_TIMEOUT,
     )
     now = time.time() if now is None else now
     urls = {

@@ -3,6 +3,7 @@ identity names its channel, and a poller's identity is read back."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,8 +38,10 @@ async def test_only_workers_polling_now_are_found() -> None:
     ]
 
     class Service:
-        async def describe_task_queue(self, request: Any) -> Any:
+        async def describe_task_queue(self, request: Any, timeout: timedelta) -> Any:  # noqa: ASYNC109
             assert request.task_queue.name == "tq"
+            # A Temporal that does not answer must not stall the channel's loops.
+            assert timeout <= timedelta(seconds=5)
             return SimpleNamespace(pollers=pollers)
 
     client: Any = SimpleNamespace(workflow_service=Service(), namespace="default")

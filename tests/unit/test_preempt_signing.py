@@ -162,7 +162,7 @@ def pollers_service(*identities: str) -> Any:
     pollers = [SimpleNamespace(identity=i, last_access_time=t) for i in identities]
 
     class Service:
-        async def describe_task_queue(self, request: Any) -> Any:
+        async def describe_task_queue(self, request: Any, timeout: Any = None) -> Any:  # noqa: ASYNC109
             return SimpleNamespace(pollers=pollers)
 
     return SimpleNamespace(workflow_service=Service(), namespace="default")
