@@ -62,10 +62,12 @@ chromium:
 	fi; \
 	[ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium still missing after installing chromium" >&2; exit 1; }
 
-# Tests run in PYTEST_WORKERS processes (pytest-xdist, 2 by default: this machine's cores), a
-# module's tests in one process (--dist loadfile: module-scoped stacks are shared as before), and
-# each process has its own dev server and shared stacks. PYTEST_WORKERS=0 runs them in one.
-PYTEST_WORKERS ?= 2
+# Tests run in PYTEST_WORKERS processes (pytest-xdist, 3 by default on this machine's 2 cores: an
+# e2e test mostly waits on its servers; decisions 0043, 0054), a module's tests in one process
+# (--dist loadfile: module-scoped stacks are shared as before), the long tiers handed out first
+# (tests/conftest.py), and each process has its own dev server and shared stacks.
+# PYTEST_WORKERS=0 runs them in one.
+PYTEST_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 # Lint runs alongside the tests (its output is printed after theirs): on 2 cores the tests wait on

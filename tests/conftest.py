@@ -31,6 +31,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+SHORT_TIER = "tests/unit/"
+"""The tier of many short tests: run last, so that they fill the processes' ends."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tiers (e2e, workflows, browser) first, the unit tests last, each in the order
+    pytest-randomly gave it. pytest-xdist hands out modules in this order (`--dist loadfile`), so
+    a long e2e module never starts last while the other processes sit idle: the suite's wall
+    time is its work spread over the processes, not that plus the longest module."""
+    items.sort(key=lambda item: item.nodeid.startswith(SHORT_TIER))
+
+
 @dataclass(frozen=True)
 class TemporalServer:
     address: str
